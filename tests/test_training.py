@@ -1,0 +1,226 @@
+"""Tests for workbench.training: tiny training end to end (transformers + vLLM),
+the drafter's training-time-test unroll against a step-by-step decode, the
+random tiny pair, and the shipped checkpoints in data/models measured in vLLM.
+
+vLLM tests start one engine per fixture (about 45 s each on a 2-core CPU) and are
+marked ``vllm``.  Run them one at a time on a small box, e.g.
+``flock /tmp/wb/vllm.lock pytest tests/test_training.py``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "data" / "models"
+PROMPTS = REPO / "data" / "prompts" / "indomain.jsonl"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def tiny_trained(tmp_path_factory):
+    from workbench.training import train
+
+    d = tmp_path_factory.mktemp("tiny")
+    tdir, ddir = train.main(["--tiny", "--out", str(d / "models"), "--work-dir", str(d / "work")])
+    return d, Path(tdir), Path(ddir)
+
+
+def _close(llm):
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:
+        pass
+    del llm
+    gc.collect()
+
+
+# --------------------------------------------------------------------------- CPU-only tests
+
+def test_tiny_training_outputs(tiny_trained):
+    d, tdir, ddir = tiny_trained
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (tdir / f).exists(), f
+    dcfg = json.loads((ddir / "config.json").read_text())
+    assert dcfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert dcfg["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    assert dcfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    assert dcfg["draft_vocab_size"] == 256 and dcfg["target_hidden_size"] == 64
+    from safetensors.torch import load_file
+
+    sd = load_file(str(ddir / "model.safetensors"))
+    assert sd["fc.weight"].shape == (64, 3 * 64)
+    assert sd["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * 64
+    assert sd["lm_head.weight"].shape[0] == 256
+    assert {"d2t", "t2d", "norm.weight", "midlayer.hidden_norm.weight", "embed_tokens.weight"} <= set(sd)
+    # d2t offsets map draft ids onto exactly the target ids flagged in t2d
+    mapped = torch.arange(256) + sd["d2t"]
+    assert torch.equal(torch.nonzero(sd["t2d"]).flatten(), mapped)
+    card = (d / "models" / "MODEL_CARD.md").read_text()
+    assert "Python" in card and "PSF" in card
+    # resumable: a second run finds the finished checkpoints and only re-exports
+    from workbench.training import train
+
+    train.main(["--tiny", "--out", str(d / "models2"), "--work-dir", str(d / "work")])
+    a = load_file(str(tdir / "model.safetensors"))
+    b = load_file(str(d / "models2" / "target" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_tiny_target_loads_in_transformers(tiny_trained):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workbench.training.model import Llama, TargetConfig
+
+    _, tdir, _ = tiny_trained
+    tok = AutoTokenizer.from_pretrained(str(tdir))
+    assert tok.bos_token == "<s>" and tok.eos_token == "</s>"
+    ids = tok("def f(x):\n    return x\n").input_ids
+    assert ids[0] == tok.bos_token_id == 1
+    hf = AutoModelForCausalLM.from_pretrained(str(tdir), dtype=torch.float32)
+    cfg = json.loads((tdir / "config.json").read_text())
+    mine = Llama(TargetConfig(**{k: v for k, v in cfg.items() if k in TargetConfig.__dataclass_fields__}))
+    from safetensors.torch import load_file
+
+    mine.load_state_dict(load_file(str(tdir / "model.safetensors")), strict=False)
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        out = hf(x, output_hidden_states=True)
+        logits, aux = mine(x, aux_ids=[0, 1])
+    torch.testing.assert_close(out.logits, logits, atol=1e-4, rtol=1e-4)
+    # vLLM's aux id i == HF's hidden_states[i] (the residual stream entering layer i), i < L
+    torch.testing.assert_close(out.hidden_states[1], aux[1], atol=1e-5, rtol=1e-5)
+    gen = hf.generate(x, max_new_tokens=5, do_sample=False)
+    assert gen.shape[1] == x.shape[1] + 5
+
+
+def test_ttt_unroll_matches_stepwise_decode():
+    """forward_ttt step s at row j == the drafter run the way vLLM runs it: KV of
+    step-0 entries for positions <= j, then its own chain at positions j+1.."""
+    import math
+
+    import torch.nn.functional as F
+
+    from workbench.training.model import DrafterConfig, Eagle3Drafter, rope_cos_sin
+
+    torch.manual_seed(0)
+    c = DrafterConfig(vocab_size=50, draft_vocab_size=50, hidden_size=16, target_hidden_size=16,
+                      intermediate_size=24, num_attention_heads=2, num_key_value_heads=2, aux_layer_ids=[0, 1, 2])
+    d = Eagle3Drafter(c).eval()
+    B, T, S = 1, 12, 3
+    toks = torch.randint(0, 50, (B, T))
+    aux = [torch.randn(B, T, 16) for _ in range(3)]
+    with torch.no_grad():
+        outs = d.forward_ttt(toks, aux, S)
+        attn = d.midlayer.self_attn
+        h0 = d.fc(torch.cat(aux, -1))
+        for j in (0, 4, 7):
+            # step 0 KV for positions 0..j (target features, token shifted by one)
+            x, res, cos, sin = d._step_inputs(toks[:, 1 : j + 2], h0[:, : j + 1], torch.arange(j + 1))
+            q, k, v = attn.qkv(x, cos, sin)
+            K, V = [k], [v]
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            pre, lg = d._finish(y.transpose(1, 2).reshape(B, j + 1, -1), res)
+            torch.testing.assert_close(lg[:, j], outs[0][:, j], atol=1e-5, rtol=1e-4)
+            h = pre[:, j : j + 1]
+            for s in range(1, S):
+                if j + s + 1 >= T:
+                    break
+                x, res, cos, sin = d._step_inputs(toks[:, j + s + 1 : j + s + 2], h, torch.tensor([j + s]))
+                q, k, v = attn.qkv(x, cos, sin)
+                K.append(k)
+                V.append(v)
+                kk, vv = torch.cat(K, 2), torch.cat(V, 2)
+                p = ((q @ kk.transpose(-1, -2)) / math.sqrt(attn.hd)).softmax(-1)
+                y = (p @ vv).transpose(1, 2).reshape(B, 1, -1)
+                pre, lg = d._finish(y, res)
+                torch.testing.assert_close(lg[:, 0], outs[s][:, j], atol=1e-5, rtol=1e-4)
+                h = pre
+
+
+def test_make_random_pair(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workbench.training.tiny import make_random_pair
+
+    tdir, ddir = make_random_pair(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tdir)
+    assert tok("x = 1").input_ids[0] == tok.bos_token_id
+    m = AutoModelForCausalLM.from_pretrained(tdir)
+    assert m.config.num_hidden_layers == 2 and m.config.hidden_size == 64
+    cfg = json.loads(Path(ddir, "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert len(cfg["eagle_aux_hidden_state_layer_ids"]) == 3
+
+
+def test_prompt_set_shape():
+    if not PROMPTS.exists():
+        pytest.skip("data/prompts/indomain.jsonl absent (made by python -m workbench.training.train)")
+    rows = [json.loads(l) for l in PROMPTS.read_text().splitlines() if l.strip()]
+    assert len(rows) >= 96
+    assert all(set(r) == {"id", "text", "source"} for r in rows)
+    assert all(r["text"].endswith("\n") for r in rows)
+    assert len({r["id"] for r in rows}) == len(rows)
+    from workbench.training.corpus import is_heldout
+
+    assert all(is_heldout(r["source"].split(":")[0][len("Lib/"):]) for r in rows)
+
+
+def test_shipped_size_budget():
+    if not (SHIPPED / "target").exists():
+        pytest.skip("data/models/ absent: no shipped checkpoints")
+    total = sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file())
+    assert total <= 40 * 2**20, total
+
+
+# --------------------------------------------------------------------------- vLLM tests
+
+@pytest.mark.vllm
+def test_tiny_pair_runs_in_vllm(tiny_trained):
+    from workbench.training.evaluate import make_llm, run_batch
+
+    _, tdir, ddir = tiny_trained
+    llm = make_llm(None, target_dir=str(tdir), drafter_dir=str(ddir), kv_bytes=64 * 2**20, max_model_len=256)
+    try:
+        r, toks, texts = run_batch(llm, [{"text": "import os\n"}, {"text": "def f(x):\n"}], max_tokens=8)
+    finally:
+        _close(llm)
+    assert all(len(t) == 8 for t in toks)
+    assert r["num_drafts"] > 0 and len(r["per_pos"]) == 3
+
+
+@pytest.fixture(scope="module")
+def shipped_eval():
+    if not (SHIPPED / "target" / "model.safetensors").exists():
+        pytest.skip("data/models/ absent: no shipped checkpoints to measure")
+    from workbench.training.evaluate import evaluate
+
+    return evaluate(str(SHIPPED), str(PROMPTS), n_prompts=16, max_tokens=128, kv_corruption=True, write=False)
+
+
+@pytest.mark.vllm
+def test_shipped_pair_meets_bar(shipped_eval):
+    c = shipped_eval["clean"]
+    pp = c["per_pos"]
+    assert c["num_drafts"] > 0
+    assert pp[0] > pp[1] > pp[2], pp
+    assert pp[0] >= 0.45, pp
+    assert pp[2] <= 0.8 * pp[0], pp
+    assert 1.8 <= c["acceptance_length"] <= 3.2, c["acceptance_length"]
+    assert c["distinct_median"] >= 0.25, c["distinct"]
+    assert c["max_token_share"] <= 0.40
+
+
+@pytest.mark.vllm
+def test_drafter_kv_corruption_lowers_acceptance(shipped_eval):
+    k = shipped_eval["corrupt"]
+    assert k["pos0_rel_drop"] >= 0.20, (shipped_eval["clean"]["per_pos"], k["per_pos"])
+    # the damage is drafter-only: greedy target output is unchanged
+    assert k["same_output"] == shipped_eval["n_prompts"]

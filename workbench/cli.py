@@ -1,0 +1,123 @@
+"""``python -m workbench``: run one experiment, a sweep, or print a plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from .config import ConfigError, ExperimentConfig
+from .knobs import spec as knob_spec
+from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
+
+
+def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
+    d = ExperimentConfig.__dataclass_fields__
+    ap.add_argument("--config", help="a JSON file of ExperimentConfig fields (flags override it)")
+    ap.add_argument("--target", help=f"target model directory (default {DEFAULT_TARGET})")
+    ap.add_argument("--drafter", help=f"EAGLE3 drafter directory (default {DEFAULT_DRAFTER})")
+    ap.add_argument("--profile", help="cpu (default) or gpu")
+    ap.add_argument("--prompts", dest="num_prompts", type=int, help=f"number of prompts "
+                    f"(default {d['num_prompts'].default})")
+    ap.add_argument("--max-tokens", type=int, help=f"new tokens per request "
+                    f"(default {d['max_tokens'].default})")
+    ap.add_argument("--prompt-set", help="mt_bench, indomain, badcase, lastblock or random")
+    ap.add_argument("--prompt-file", help="JSONL of {'text': ...} or {'prompt_token_ids': [...]}")
+    ap.add_argument("--k-p", type=int, help="P's num_speculative_tokens (default 1)")
+    ap.add_argument("--k-d", type=int, help="D's and the baseline's num_speculative_tokens "
+                    "(default 3)")
+    ap.add_argument("--block-size", type=int, help="KV block size (CPU: a multiple of 32)")
+    ap.add_argument("--kv-cache-bytes", type=int, help="KV cache size per server (CPU)")
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--no-baseline", action="store_true", help="skip the standalone baseline")
+    ap.add_argument("--host", help="address servers bind to (default 127.0.0.1)")
+    ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                    help="repeatable; " + "; ".join(
+                        f"{k.name}: {'|'.join(k.values)}" for k in knob_spec.KNOBS.values()))
+
+
+_FLAG_FIELDS = ("target", "drafter", "profile", "num_prompts", "max_tokens", "prompt_set",
+                "prompt_file", "k_p", "k_d", "block_size", "kv_cache_bytes", "seed", "host")
+
+
+def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
+    data: dict = {}
+    if args.config:
+        data = json.loads(Path(args.config).read_text()) if Path(args.config).is_file() else None
+        if data is None:
+            raise ConfigError(f"config file {args.config!r} does not exist")
+    for f in _FLAG_FIELDS:
+        v = getattr(args, f, None)
+        if v is not None:
+            data[f] = v
+    if args.no_baseline:
+        data["run_baseline"] = False
+    knobs = dict(data.get("knobs", {}))
+    for a in args.knob:
+        try:
+            name, value = knob_spec.parse_assignment(a)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        knobs[name] = value
+    data["knobs"] = knobs
+    return ExperimentConfig.from_dict(data)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from . import experiment
+
+    cfg = config_from_args(args)
+    out = Path(args.out)
+    command = " ".join(shlex.quote(a) for a in ["python", "-m", "workbench", *sys.argv[1:]])
+    bar = None
+    try:
+        from tqdm import tqdm
+
+        def progress(phase: str, done: int, total: int) -> None:
+            nonlocal bar
+            if bar is None:
+                bar = tqdm(total=total, desc="requests", unit="req")
+            bar.set_postfix_str(phase)
+            bar.update(done - bar.n)
+
+        result = experiment.run(cfg, progress=progress, command=command, out_dir=out)
+    finally:
+        if bar is not None:
+            bar.close()
+    print(_report(result))
+    print(f"wrote {out / 'result.json'}")
+    return 0
+
+
+def _report(result) -> str:
+    lines = []
+    for side in ("baseline", "pd"):
+        s = getattr(result, side)
+        if s:
+            rates = " / ".join(f"{r:.3f}" for r in s["per_position"])
+            lines.append(f"{side:>8}: per position {rates}  acceptance length "
+                         f"{s['acceptance_length']:.3f}  drafts {s['num_drafts']}")
+    if result.token_agreement is not None:
+        lines.append(f"token agreement: {result.token_agreement:.3f}")
+    lines += [f"note: {n}" for n in result.notes]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workbench", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run one experiment and write DIR/result.json")
+    _add_experiment_args(run)
+    run.add_argument("--out", required=True, help="output directory")
+    run.set_defaults(func=cmd_run)
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; servers stopped", file=sys.stderr)
+        return 130

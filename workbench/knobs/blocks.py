@@ -1,0 +1,258 @@
+"""Knobs ``blocks`` and ``dirty_source``: what KV blocks hold before a request writes them.
+
+as-is:    untouched (vLLM allocates the KV cache with ``torch.zeros``; blocks then hold
+          whatever earlier requests left).
+zeroed:   vLLM's own gated zeroing, switched on at runtime.
+          Engine core: ``Scheduler.needs_kv_cache_zeroing = True`` and every attention
+          ``SingleTypeKVCacheManager`` records new block ids (``_record_new_block_ids``,
+          what ``KVCacheConfig.needs_kv_cache_zeroing`` would have set at build time), so
+          ``SchedulerOutput.new_block_ids_to_zero`` carries them to the worker, whose
+          ``_zero_block_ids`` zeroes them in ``_update_states`` before the forward.
+          Blocks a KV connector loads asynchronously are never recorded (vLLM passes
+          ``skip_zeroing_group_ids=connector.get_loaded_kv_cache_group_ids(request)`` for
+          them), so D never zeroes what NIXL wrote; blocks allocated later (lookahead,
+          decode) are zeroed at the step that allocates them, before the forward.
+          Worker: ``CPUModelRunner._zero_block_ids`` needs no set-up; the GPU runners'
+          zeroer (``_init_kv_zero_meta``) is built at runtime if the config flag was off.
+dirty /   with ``dirty_source=noise``: when a version arrives, the worker fills every KV
+poisoned: cache tensor (target and drafter layers) except block 0 (vLLM's null block) with
+          seeded normal noise, std 1.0 (dirty) or 100.0 (poisoned); the engine core resets
+          the prefix cache (cached blocks no longer hold what their hashes say).
+          With ``dirty_source=warmup`` the plugin does nothing: the workbench runs warm-up
+          requests through the engine; recorded as such.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from . import _patch, control
+
+NOISE_STD = {"dirty": 1.0, "poisoned": 100.0}
+
+ENGINE_TARGETS = (
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "_get_new_block_ids_to_zero", ["self"]),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "reset_prefix_cache", None),
+    ("vllm.v1.core.single_type_kv_cache_manager", "SingleTypeKVCacheManager",
+     "take_new_block_ids", ["self"]),
+)
+WORKER_TARGETS = (
+    ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "_zero_block_ids",
+     ["self", "block_ids"]),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_zero_block_ids",
+     ["self", "block_ids"]),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_init_kv_zero_meta", ["self"]),
+)
+V2_WORKER_TARGETS = (
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "_init_kv_zero_meta", ["self"]),
+    ("vllm.v1.worker.utils", "KVBlockZeroer", "zero_block_ids", ["self", "block_ids"]),
+)
+
+
+# ------------------------------------------------------------------------ engine core --
+def install_engine() -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    def make(orig):
+        def _get_new_block_ids_to_zero(self):
+            ids = orig(self)
+            if ids:
+                comp = control.component("engine_core")
+                if comp is not None:
+                    comp.bump("blocks", "block_ids_sent_for_zeroing", len(ids))
+            return ids
+
+        return _get_new_block_ids_to_zero
+
+    _patch.patch(Scheduler, "_get_new_block_ids_to_zero", make)
+
+
+def _attention_manager(mgr) -> bool:
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
+    try:
+        from vllm.v1.kv_cache_interface import CircularBufferSpec
+    except ImportError:  # pragma: no cover
+        CircularBufferSpec = ()  # type: ignore
+    spec = mgr.kv_cache_spec
+    return isinstance(spec, AttentionSpec) and not (
+        CircularBufferSpec and isinstance(spec, CircularBufferSpec))
+
+
+def apply_engine(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[str, Any]]:
+    sched = comp.obj
+    value = knobs["blocks"]
+    managers = list(sched.kv_cache_manager.coordinator.single_type_managers)
+    if not hasattr(sched, "_wb_zeroing_original"):
+        sched._wb_zeroing_original = bool(sched.needs_kv_cache_zeroing)
+        for m in managers:
+            m._wb_record_original = bool(m._record_new_block_ids)
+    events: dict[str, Any] = {"mode": value, "block_ids_sent_for_zeroing": 0}
+    if value == "zeroed":
+        sched.needs_kv_cache_zeroing = True
+        for m in managers:
+            m._record_new_block_ids = m._wb_record_original or _attention_manager(m)
+            m.take_new_block_ids()  # start clean
+    else:
+        sched.needs_kv_cache_zeroing = sched._wb_zeroing_original
+        for m in managers:
+            m._record_new_block_ids = m._wb_record_original
+    events["scheduler_needs_kv_cache_zeroing"] = bool(sched.needs_kv_cache_zeroing)
+    events["managers_recording"] = sum(bool(m._record_new_block_ids) for m in managers)
+    events["managers"] = len(managers)
+    if sched._wb_zeroing_original and value != "zeroed":
+        comp.unreachable["blocks"] = ("this model's KV cache needs zeroing (Mamba or mixed "
+                                      "precision): vLLM zeroes new blocks whatever the knob")
+    if value in ("dirty", "poisoned") and knobs["dirty_source"] == "noise":
+        # Cached blocks are about to be overwritten with noise: forget their hashes.
+        try:
+            events["prefix_cache_reset"] = bool(sched.reset_prefix_cache())
+        except Exception as e:
+            events["prefix_cache_reset"] = f"failed: {type(e).__name__}: {e}"
+    in_force = "zeroed" if sched.needs_kv_cache_zeroing else value
+    return {"blocks": in_force}, events
+
+
+# ----------------------------------------------------------------------------- worker --
+def install_worker(runner) -> None:
+    """Count zeroed blocks on the class that implements ``_zero_block_ids`` for ``runner``."""
+    cls = next((k for k in type(runner).__mro__ if "_zero_block_ids" in k.__dict__), None)
+    if cls is not None:
+        def make(orig):
+            def _zero_block_ids(self, block_ids):
+                comp = control.component("worker")
+                if comp is not None and block_ids:
+                    comp.bump("blocks", "blocks_zeroed", len(block_ids))
+                    comp.bump("blocks", "zero_calls")
+                return orig(self, block_ids)
+
+            return _zero_block_ids
+
+        _patch.patch(cls, "_zero_block_ids", make)
+    else:  # Model Runner V2: it calls self.kv_block_zeroer.zero_block_ids
+        try:
+            from vllm.v1.worker.utils import KVBlockZeroer
+
+            def make_z(orig):
+                def zero_block_ids(self, block_ids):
+                    comp = control.component("worker")
+                    if comp is not None and len(block_ids):
+                        comp.bump("blocks", "blocks_zeroed", len(block_ids))
+                        comp.bump("blocks", "zero_calls")
+                    return orig(self, block_ids)
+
+                return zero_block_ids
+
+            _patch.patch(KVBlockZeroer, "zero_block_ids", make_z)
+        except Exception:  # pragma: no cover - informational counter only
+            pass
+
+
+def _ensure_zeroer(runner) -> str:
+    """Make the worker able to zero blocks although the config flag was off."""
+    if type(runner).__name__ == "CPUModelRunner" and "_zero_block_ids" in type(runner).__dict__:
+        return "CPUModelRunner._zero_block_ids (no set-up needed)"
+    if hasattr(runner, "kv_block_zeroer"):  # Model Runner V2
+        if runner.kv_block_zeroer is None:
+            runner._init_kv_zero_meta()
+            return "Model Runner V2: kv_block_zeroer built at runtime"
+        return "Model Runner V2: kv_block_zeroer present"
+    if not hasattr(runner, "_kv_block_zeroer") and hasattr(runner, "_init_kv_zero_meta"):
+        runner._init_kv_zero_meta()
+        return "V1: _kv_block_zeroer built at runtime"
+    return "V1: _kv_block_zeroer present"
+
+
+def kv_tensors(runner) -> list[tuple[str, Any]]:
+    """(layer name, KV cache tensor) for every distinct KV tensor the runner uses."""
+    import torch
+
+    cfg = runner.kv_cache_config
+    sfc = runner.compilation_config.static_forward_context
+    seen: set[int] = set()
+    out: list[tuple[str, Any]] = []
+    for group in cfg.kv_cache_groups:
+        for name in group.layer_names:
+            ctx = sfc.get(name)
+            kv = getattr(ctx, "kv_cache", None)
+            if isinstance(kv, (list, tuple)) and kv:
+                kv = kv[0]
+            if not isinstance(kv, torch.Tensor) or kv.data_ptr() in seen:
+                continue
+            seen.add(kv.data_ptr())
+            out.append((name, kv))
+    return out
+
+
+def _block_dim(kv, num_blocks: int) -> int | None:
+    if kv.ndim and kv.shape[0] == num_blocks:
+        return 0
+    for d, n in enumerate(kv.shape):
+        if n == num_blocks:
+            return d
+    return None
+
+
+def fill_noise(runner, seed: int, std: float) -> dict[str, Any]:
+    import torch
+
+    num_blocks = runner.kv_cache_config.num_blocks
+    drafter = getattr(getattr(runner, "drafter", None), "_draft_attn_layer_names", None) or set()
+    tensors = kv_tensors(runner)
+    sq, nz, numel = 0.0, 0, 0
+    filled: list[str] = []
+    skipped: dict[str, str] = {}
+    gen = None
+    with torch.no_grad():
+        for name, kv in tensors:
+            if not kv.is_floating_point():
+                skipped[name] = f"dtype {kv.dtype} is not floating point"
+                continue
+            d = _block_dim(kv, num_blocks)
+            if d is None:
+                skipped[name] = f"no dimension of size num_blocks={num_blocks} in {tuple(kv.shape)}"
+                continue
+            n = int(torch.count_nonzero(kv))
+            if n:
+                sq += float(torch.linalg.vector_norm(kv.float())) ** 2
+                nz += n
+            numel += kv.numel()
+            if gen is None or gen.device != kv.device:
+                gen = torch.Generator(device=kv.device)
+                gen.manual_seed(int(seed))
+            view = kv.narrow(d, 1, num_blocks - 1)
+            view.normal_(0.0, std, generator=gen)
+            filled.append(name)
+    return {
+        "kind": "noise",
+        "seed": int(seed),
+        "scale": std,
+        "blocks": num_blocks - 1,
+        "first_block": 1,
+        "tensors": len(filled),
+        "target_layers": sum(1 for n in filled if n not in drafter),
+        "drafter_layers": sum(1 for n in filled if n in drafter),
+        "drafter_layer_names": sorted(n for n in filled if n in drafter),
+        "skipped": skipped,
+        # The magnitude real K/V had in this cache before the fill (over non-zero values):
+        "observed_rms_nonzero_before": (math.sqrt(sq / nz) if nz else None),
+        "nonzero_fraction_before": (nz / numel if numel else None),
+    }
+
+
+def apply_worker(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[str, Any]]:
+    runner = comp.obj.model_runner
+    value = knobs["blocks"]
+    source = knobs["dirty_source"]
+    events: dict[str, Any] = {"mode": value, "dirty_source": source}
+    if value == "zeroed":
+        events["zeroer"] = _ensure_zeroer(runner)
+        events["blocks_zeroed"] = 0
+    elif value in NOISE_STD:
+        if source == "noise":
+            events["fill"] = fill_noise(runner, seed, NOISE_STD[value])
+        else:
+            events["fill"] = {"kind": "warmup", "note": "the workbench runs warm-up requests; "
+                              "the plugin wrote nothing"}
+    return {"blocks": value, "dirty_source": source}, events

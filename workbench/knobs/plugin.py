@@ -1,0 +1,5 @@
+"""vLLM general plugin entry point (placeholder until the knob plugin lands)."""
+
+
+def register() -> None:
+    return None

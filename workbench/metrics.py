@@ -1,0 +1,126 @@
+"""Spec-decode counters from a vLLM server's /metrics, their deltas, and the acceptance math.
+
+Definitions follow vLLM's ``vllm/v1/spec_decode/metrics.py``: the per-position rate at i is
+accepted_per_pos[i] / num_drafts (position i counts a draft only when drafts 0..i were all
+accepted), acceptance length is 1 + accepted / num_drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# Sample names as vLLM exports them (counters carry the _total suffix).
+NUM_DRAFTS = "vllm:spec_decode_num_drafts_total"
+NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+NUM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+
+
+@dataclass
+class SpecCounters:
+    """A snapshot (or a delta) of the spec-decode counters of one server."""
+
+    num_drafts: float = 0.0
+    num_draft_tokens: float = 0.0
+    num_accepted: float = 0.0
+    accepted_per_pos: list[float] = field(default_factory=list)
+    prefix_queries: float = 0.0
+    prefix_hits: float = 0.0
+    generation_tokens: float = 0.0
+
+    def __sub__(self, before: SpecCounters) -> SpecCounters:
+        n = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
+        a = self.accepted_per_pos + [0.0] * (n - len(self.accepted_per_pos))
+        b = before.accepted_per_pos + [0.0] * (n - len(before.accepted_per_pos))
+        return SpecCounters(
+            num_drafts=self.num_drafts - before.num_drafts,
+            num_draft_tokens=self.num_draft_tokens - before.num_draft_tokens,
+            num_accepted=self.num_accepted - before.num_accepted,
+            accepted_per_pos=[x - y for x, y in zip(a, b)],
+            prefix_queries=self.prefix_queries - before.prefix_queries,
+            prefix_hits=self.prefix_hits - before.prefix_hits,
+            generation_tokens=self.generation_tokens - before.generation_tokens,
+        )
+
+    def __add__(self, other: SpecCounters) -> SpecCounters:
+        n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
+        a = self.accepted_per_pos + [0.0] * (n - len(self.accepted_per_pos))
+        b = other.accepted_per_pos + [0.0] * (n - len(other.accepted_per_pos))
+        return SpecCounters(
+            num_drafts=self.num_drafts + other.num_drafts,
+            num_draft_tokens=self.num_draft_tokens + other.num_draft_tokens,
+            num_accepted=self.num_accepted + other.num_accepted,
+            accepted_per_pos=[x + y for x, y in zip(a, b)],
+            prefix_queries=self.prefix_queries + other.prefix_queries,
+            prefix_hits=self.prefix_hits + other.prefix_hits,
+            generation_tokens=self.generation_tokens + other.generation_tokens,
+        )
+
+    # --- acceptance math -------------------------------------------------------------------
+    def per_position(self) -> list[float]:
+        if self.num_drafts <= 0:
+            return [0.0] * len(self.accepted_per_pos)
+        return [a / self.num_drafts for a in self.accepted_per_pos]
+
+    def conditional(self) -> list[float]:
+        """Rate at i given position i-1 was accepted (rate[i] / rate[i-1])."""
+        rates = self.per_position()
+        out: list[float] = []
+        for i, r in enumerate(rates):
+            prev = 1.0 if i == 0 else rates[i - 1]
+            out.append(r / prev if prev > 0 else 0.0)
+        return out
+
+    def acceptance_length(self) -> float:
+        if self.num_drafts <= 0:
+            return 1.0
+        return 1.0 + self.num_accepted / self.num_drafts
+
+    def summary(self) -> dict:
+        return {
+            "per_position": self.per_position(),
+            "conditional": self.conditional(),
+            "acceptance_length": self.acceptance_length(),
+            "num_drafts": int(self.num_drafts),
+            "num_draft_tokens": int(self.num_draft_tokens),
+            "num_accepted": int(self.num_accepted),
+            "accepted_per_pos": [int(x) for x in self.accepted_per_pos],
+            "prefix_cache_queries": int(self.prefix_queries),
+            "prefix_cache_hits": int(self.prefix_hits),
+        }
+
+
+def parse(text: str) -> SpecCounters:
+    """Sum the counters over every engine and model label in one /metrics page."""
+    c = SpecCounters()
+    per_pos: dict[int, float] = {}
+    scalar = {
+        NUM_DRAFTS: "num_drafts",
+        NUM_DRAFT_TOKENS: "num_draft_tokens",
+        NUM_ACCEPTED: "num_accepted",
+        PREFIX_QUERIES: "prefix_queries",
+        PREFIX_HITS: "prefix_hits",
+        GENERATION_TOKENS: "generation_tokens",
+    }
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in scalar:
+                attr = scalar[s.name]
+                setattr(c, attr, getattr(c, attr) + s.value)
+            elif s.name == ACCEPTED_PER_POS:
+                pos = int(s.labels["position"])
+                per_pos[pos] = per_pos.get(pos, 0.0) + s.value
+    c.accepted_per_pos = [per_pos.get(i, 0.0) for i in range(max(per_pos, default=-1) + 1)]
+    return c
+
+
+def scrape(base_url: str, timeout: float = 10.0) -> SpecCounters:
+    r = httpx.get(f"{base_url}/metrics", timeout=timeout)
+    r.raise_for_status()
+    return parse(r.text)

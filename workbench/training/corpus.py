@@ -1,0 +1,177 @@
+"""Corpus: the running interpreter's own standard-library source (``*.py``).
+
+Fixed, sorted file list; directories of tests and generated tables are left
+out, and so is any file that is mostly tables or repeated lines (see
+:func:`is_tabular`).  A deterministic subset of files (by SHA-1 of the relative
+path) is held out: neither model trains on it, and the in-domain prompt set is
+cut from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import sysconfig
+import zlib
+from dataclasses import dataclass
+
+EXCLUDE_TOP = ("encodings", "test", "idlelib", "site-packages", "pydoc_data", "lib2to3/tests")
+EXCLUDE_PARTS = {"test", "tests", "__pycache__"}
+HELDOUT_PERCENT = 8  # files whose path hash falls in the lowest 8% are held out
+
+_TABLE_LINE = re.compile(r"""^([\(\[]?['"0-9x\-\.]|['"\w]+\s*:\s*['"0-9])""")
+
+
+def stdlib_dir() -> str:
+    return sysconfig.get_paths()["stdlib"]
+
+
+def python_version() -> str:
+    return "%d.%d.%d" % sys.version_info[:3]
+
+
+def is_tabular(text: str) -> tuple[bool, str]:
+    """Heuristic: data tables, code-page maps, repeated boilerplate."""
+    b = text.encode("utf-8", "replace")
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    if not lines:
+        return True, "empty"
+    tab = sum(1 for l in lines if _TABLE_LINE.match(l)) / len(lines)
+    dup = 1 - len(set(lines)) / len(lines)
+    ratio = len(zlib.compress(b, 9)) / max(1, len(b))
+    if tab > 0.45:
+        return True, f"table-like lines {tab:.2f}"
+    if dup > 0.40:
+        return True, f"duplicate lines {dup:.2f}"
+    if len(b) > 2000 and ratio < 0.17:
+        return True, f"compresses to {ratio:.2f}"
+    return False, ""
+
+
+def list_files(root: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
+    """Returns (kept relative paths sorted, [(excluded path, reason)])."""
+    root = root or stdlib_dir()
+    kept, excluded = [], []
+    for dp, dn, fn in os.walk(root):
+        dn.sort()
+        rel_dir = os.path.relpath(dp, root).replace(os.sep, "/")
+        rel_dir = "" if rel_dir == "." else rel_dir
+        for f in sorted(fn):
+            if not f.endswith(".py"):
+                continue
+            rel = f"{rel_dir}/{f}" if rel_dir else f
+            if any(rel == t or rel.startswith(t + "/") for t in EXCLUDE_TOP):
+                continue
+            if set(rel.split("/")[:-1]) & EXCLUDE_PARTS:
+                continue
+            if f.startswith("_sysconfigdata"):
+                excluded.append((rel, "generated build data"))
+                continue
+            try:
+                text = open(os.path.join(root, rel), encoding="utf-8").read()
+            except (UnicodeDecodeError, OSError) as e:
+                excluded.append((rel, f"unreadable: {type(e).__name__}"))
+                continue
+            bad, why = is_tabular(text)
+            if bad:
+                excluded.append((rel, why))
+                continue
+            kept.append(rel)
+    kept.sort()
+    return kept, excluded
+
+
+def is_heldout(rel: str) -> bool:
+    h = int(hashlib.sha1(rel.encode()).hexdigest()[:8], 16)
+    return h % 100 < HELDOUT_PERCENT
+
+
+def file_list_hash(files: list[str]) -> str:
+    return hashlib.sha256("\n".join(files).encode()).hexdigest()
+
+
+@dataclass
+class Corpus:
+    root: str
+    train_files: list
+    heldout_files: list
+    excluded: list
+
+    @property
+    def all_files(self):
+        return sorted(self.train_files + self.heldout_files)
+
+    def read(self, rel: str) -> str:
+        return open(os.path.join(self.root, rel), encoding="utf-8").read()
+
+    def info(self) -> dict:
+        return {
+            "python_version": python_version(),
+            "stdlib_dir": self.root,
+            "n_files": len(self.all_files),
+            "n_train_files": len(self.train_files),
+            "n_heldout_files": len(self.heldout_files),
+            "file_list_sha256": file_list_hash(self.all_files),
+            "heldout_list_sha256": file_list_hash(self.heldout_files),
+            "train_bytes": sum(len(self.read(f).encode()) for f in self.train_files),
+            "heldout_bytes": sum(len(self.read(f).encode()) for f in self.heldout_files),
+        }
+
+
+def load_corpus(root: str | None = None, max_files: int | None = None) -> Corpus:
+    root = root or stdlib_dir()
+    files, excluded = list_files(root)
+    if max_files:
+        # tiny path: a deterministic, spread-out subset
+        step = max(1, len(files) // max_files)
+        files = files[::step][:max_files]
+    held = [f for f in files if is_heldout(f)]
+    train = [f for f in files if not is_heldout(f)]
+    return Corpus(root, train, held, excluded)
+
+
+def build_prompts(corpus: Corpus, tokenizer, n_prompts: int = 128, min_tokens: int = 48,
+                  max_tokens: int = 160, seed: int = 1234) -> list[dict]:
+    """Chunks of held-out source, each ending at a line boundary, 48..160 tokens."""
+    import random
+
+    rng = random.Random(seed)
+    per_file = []
+    for rel in corpus.heldout_files:
+        lines = corpus.read(rel).splitlines(keepends=True)
+        cands = []
+        i = 0
+        while i < len(lines):
+            # grow a chunk line by line until it passes a random length in range
+            want = rng.randint(min_tokens + 16, max_tokens - 8)
+            j, ntok = i, 0
+            while j < len(lines) and ntok < want:
+                ntok += len(tokenizer.encode(lines[j], add_special_tokens=False))
+                j += 1
+            text = "".join(lines[i:j])
+            n = len(tokenizer.encode(text, add_special_tokens=False))
+            if min_tokens <= n <= max_tokens and text.strip():
+                cands.append((i, j, text, n))
+            i = j + rng.randint(20, 60)  # leave a gap: chunks do not overlap
+        rng.shuffle(cands)
+        per_file.append((rel, cands))
+    out = []
+    k = 0
+    while len(out) < n_prompts and any(c for _, c in per_file):
+        for rel, cands in per_file:
+            if cands and len(out) < n_prompts:
+                i, j, text, n = cands.pop()
+                out.append({"id": f"indomain-{k:04d}", "text": text,
+                            "source": f"Lib/{rel}:{i + 1}-{j}", "n_tokens": n})
+                k += 1
+    return out
+
+
+def write_prompts(prompts: list[dict], path: str):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        for p in prompts:
+            f.write(json.dumps({"id": p["id"], "text": p["text"], "source": p["source"]}) + "\n")

@@ -1,0 +1,271 @@
+"""Measure the shipped target + EAGLE3 drafter in real vLLM (offline ``LLM`` API, CPU).
+
+    python -m workbench.training.evaluate --models data/models --prompts 64 [--kv-corruption]
+
+Greedy, ``--max-tokens`` (128) new tokens per held-out prompt, EAGLE3 with k=3.
+Per-position acceptance i = accepted_per_pos[i] / num_drafts from vLLM's own
+spec-decode counters (``llm.get_metrics()``), acceptance length = 1 + accepted /
+drafts; degeneracy = distinct-token fraction of each request's generated tokens
+and the largest single-token share.  With ``--kv-corruption`` the same engine
+runs the prompts again with a hook on the drafter layer's attention that zeroes
+the K/V it writes for positions below the shortest prompt's length (so each
+prompt's drafter KV is corrupted from its first token on), and reports the
+relative drop of position-0 acceptance.  Results go to ``eval_results.json`` and
+the model card (unless ``--no-card``).
+
+Run vLLM engines one at a time on a small CPU (``flock /tmp/wb/vllm.lock ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import sys
+import time
+
+BAR = {
+    "acc_len": (1.8, 3.2),
+    "pos0_min": 0.45,
+    "pos2_over_pos0_max": 0.8,
+    "distinct_median_min": 0.25,
+    "max_token_share_max": 0.40,
+    "kv_pos0_rel_drop_min": 0.20,
+}
+
+DEFAULT_PROMPTS = os.path.join(os.path.dirname(__file__), "..", "..", "data", "prompts", "indomain.jsonl")
+
+
+# --------------------------------------------------------------------------- hook
+
+def _corrupting_forward(self, positions, hidden_states):
+    """LlamaAttention.forward (vllm/model_executor/models/llama.py) plus K/V zeroing."""
+    import torch
+
+    qkv, _ = self.qkv_proj(hidden_states)
+    q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+    q, k = self.rotary_emb(positions, q, k)
+    thr = getattr(self, "_wb_zero_kv_below", 0)
+    if thr > 0:
+        m = (positions < thr).unsqueeze(-1)
+        k = torch.where(m, torch.zeros_like(k), k)
+        v = torch.where(m, torch.zeros_like(v), v)
+    attn_output = self.attn(q, k, v)
+    output, _ = self.o_proj(attn_output)
+    return output
+
+
+def set_drafter_kv_corruption(worker, threshold: int) -> int:
+    """Runs inside the vLLM worker (via ``LLM.collective_rpc``): install the hook on
+    every drafter decoder layer and set its threshold (0 = off).  Returns #layers."""
+    import types
+
+    drafter = worker.model_runner.drafter
+    model = drafter.model
+    layers = model.model.layers
+    for layer in layers:
+        attn = layer.self_attn
+        if not getattr(attn, "_wb_hooked", False):
+            attn.forward = types.MethodType(_corrupting_forward, attn)
+            attn._wb_hooked = True
+        attn._wb_zero_kv_below = int(threshold)
+    return len(layers)
+
+
+# --------------------------------------------------------------------------- engine
+
+def make_llm(models_dir: str, k: int = 3, kv_bytes: int = 512 * 2**20, max_model_len: int = 512,
+             block_size: int = 32, dtype: str = "float32", target_dir=None, drafter_dir=None):
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
+    from vllm import LLM
+
+    target_dir = target_dir or os.path.join(models_dir, "target")
+    drafter_dir = drafter_dir or os.path.join(models_dir, "drafter")
+    return LLM(
+        model=target_dir,
+        tokenizer=target_dir,
+        speculative_config={"method": "eagle3", "model": drafter_dir, "num_speculative_tokens": k},
+        dtype=dtype,
+        block_size=block_size,
+        kv_cache_memory_bytes=kv_bytes,
+        max_model_len=max_model_len,
+        max_num_seqs=64,
+        enforce_eager=True,  # no compiled graphs: the KV hook must see every drafter call
+        enable_prefix_caching=False,  # reruns must prefill again, drafter included
+        disable_log_stats=False,
+        seed=0,
+    )
+
+
+def spec_counters(llm) -> dict:
+    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted": 0, "per_pos": []}
+    for m in llm.get_metrics():
+        if m.name == "vllm:spec_decode_num_drafts":
+            out["num_drafts"] += m.value
+        elif m.name == "vllm:spec_decode_num_draft_tokens":
+            out["num_draft_tokens"] += m.value
+        elif m.name == "vllm:spec_decode_num_accepted_tokens":
+            out["num_accepted"] += m.value
+        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            vals = list(m.values)
+            if not out["per_pos"]:
+                out["per_pos"] = [0] * len(vals)
+            out["per_pos"] = [a + b for a, b in zip(out["per_pos"], vals)]
+    return out
+
+
+def _diff(a, b):
+    return {
+        "num_drafts": b["num_drafts"] - a["num_drafts"],
+        "num_draft_tokens": b["num_draft_tokens"] - a["num_draft_tokens"],
+        "num_accepted": b["num_accepted"] - a["num_accepted"],
+        "per_pos_counts": [y - x for x, y in zip(a["per_pos"] or [0] * len(b["per_pos"]), b["per_pos"])],
+    }
+
+
+def degeneracy(token_lists):
+    distinct, share = [], []
+    for t in token_lists:
+        if not t:
+            distinct.append(0.0)
+            share.append(1.0)
+            continue
+        distinct.append(len(set(t)) / len(t))
+        share.append(collections.Counter(t).most_common(1)[0][1] / len(t))
+    return distinct, share
+
+
+def run_batch(llm, prompts, max_tokens: int):
+    from vllm import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, seed=0)
+    before = spec_counters(llm)
+    t0 = time.time()
+    outs = llm.generate([p["text"] for p in prompts], sp, use_tqdm=False)
+    wall = time.time() - t0
+    d = _diff(before, spec_counters(llm))
+    toks = [list(o.outputs[0].token_ids) for o in outs]
+    texts = [o.outputs[0].text for o in outs]
+    n = max(1, d["num_drafts"])
+    d["per_pos"] = [c / n for c in d["per_pos_counts"]]
+    d["acceptance_length"] = 1 + d["num_accepted"] / n
+    distinct, share = degeneracy(toks)
+    d.update(
+        wall_s=wall,
+        distinct_median=statistics.median(distinct),
+        distinct_min=min(distinct),
+        distinct=distinct,
+        max_token_share=max(share),
+        prompt_lens=[len(o.prompt_token_ids) for o in outs],
+    )
+    return d, toks, texts
+
+
+def checks(clean, corrupt=None):
+    pp = clean["per_pos"]
+    rows = []
+
+    def add(name, value, bar, ok):
+        rows.append({"name": name, "value": value, "bar": bar, "ok": bool(ok)})
+
+    lo, hi = BAR["acc_len"]
+    add("acceptance length", f"{clean['acceptance_length']:.3f}", f"{lo} .. {hi}",
+        lo <= clean["acceptance_length"] <= hi)
+    add("per-position acceptance", " / ".join(f"{v:.3f}" for v in pp), "strictly decreasing",
+        all(pp[i] > pp[i + 1] for i in range(len(pp) - 1)))
+    add("position 0", f"{pp[0]:.3f}", f">= {BAR['pos0_min']}", pp[0] >= BAR["pos0_min"])
+    if len(pp) >= 3:
+        add("position 2 / position 0", f"{pp[2] / max(pp[0], 1e-9):.3f}", f"<= {BAR['pos2_over_pos0_max']}",
+            pp[2] <= BAR["pos2_over_pos0_max"] * pp[0])
+    add("median distinct-token fraction", f"{clean['distinct_median']:.3f}",
+        f">= {BAR['distinct_median_min']}", clean["distinct_median"] >= BAR["distinct_median_min"])
+    add("largest single-token share (any request)", f"{clean['max_token_share']:.3f}",
+        f"<= {BAR['max_token_share_max']}", clean["max_token_share"] <= BAR["max_token_share_max"])
+    if corrupt is not None:
+        add("pos-0 relative drop, drafter KV zeroed", f"{corrupt['pos0_rel_drop']:.3f}",
+            f">= {BAR['kv_pos0_rel_drop_min']}", corrupt["pos0_rel_drop"] >= BAR["kv_pos0_rel_drop_min"])
+    return rows
+
+
+def load_prompts(path, n):
+    ps = [json.loads(l) for l in open(path) if l.strip()]
+    return ps[:n]
+
+
+def evaluate(models_dir, prompts_file=None, n_prompts=64, max_tokens=128, k=3, kv_corruption=False,
+             llm=None, write=True, command=None):
+    import vllm
+
+    prompts_file = prompts_file or DEFAULT_PROMPTS
+    prompts = load_prompts(prompts_file, n_prompts)
+    own = llm is None
+    t0 = time.time()
+    if own:
+        llm = make_llm(models_dir, k=k)
+    start_s = time.time() - t0
+    try:
+        clean, toks, texts = run_batch(llm, prompts, max_tokens)
+        result = {
+            "command": command or f"python -m workbench.training.evaluate --models {models_dir} "
+                                  f"--prompts {n_prompts}" + (" --kv-corruption" if kv_corruption else ""),
+            "vllm_version": vllm.__version__, "n_prompts": len(prompts),
+            "prompts_file": os.path.relpath(prompts_file), "max_tokens": max_tokens, "k": k,
+            "block_size": 32, "dtype": "float32", "engine_start_s": start_s, "clean": clean,
+            "samples": [{"id": p["id"], "prompt_tail": p["text"][-200:], "output": t}
+                        for p, t in list(zip(prompts, texts))[:3]],
+        }
+        if kv_corruption:
+            thr = min(clean["prompt_lens"])
+            llm.collective_rpc(set_drafter_kv_corruption, args=(thr,))
+            try:
+                bad, btoks, _ = run_batch(llm, prompts, max_tokens)
+            finally:
+                llm.collective_rpc(set_drafter_kv_corruption, args=(0,))
+            bad["threshold"] = thr
+            bad["pos0_rel_drop"] = 1 - bad["per_pos"][0] / max(clean["per_pos"][0], 1e-9)
+            bad["same_output"] = sum(a == b for a, b in zip(toks, btoks))
+            for key in ("distinct",):
+                bad.pop(key, None)
+            result["corrupt"] = bad
+        result["checks"] = checks(clean, result.get("corrupt"))
+        result["all_ok"] = all(r["ok"] for r in result["checks"])
+    finally:
+        if own:
+            del llm
+    if write:
+        with open(os.path.join(models_dir, "eval_results.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        if os.path.exists(os.path.join(models_dir, "training_info.json")):
+            from .card import write_card
+
+            write_card(models_dir)
+    return result
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="data/models")
+    ap.add_argument("--prompts", type=int, default=64, help="number of held-out prompts")
+    ap.add_argument("--prompts-file", default=None)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--kv-corruption", action="store_true", help="also measure with drafter KV zeroed")
+    ap.add_argument("--no-card", action="store_true", help="do not write eval_results.json / card")
+    args = ap.parse_args(argv)
+    cmd = "python -m workbench.training.evaluate " + " ".join(argv if argv is not None else sys.argv[1:])
+    r = evaluate(args.models, args.prompts_file, args.prompts, args.max_tokens, args.k, args.kv_corruption,
+                 write=not args.no_card, command=cmd)
+    for row in r["checks"]:
+        print(f"{'ok ' if row['ok'] else 'NO '} {row['name']}: {row['value']}  (bar {row['bar']})")
+    c = r["clean"]
+    print(f"drafts {c['num_drafts']}, accepted {c['num_accepted']}, generation {c['wall_s']:.1f} s, "
+          f"engine start {r['engine_start_s']:.1f} s")
+    for s in r["samples"][:2]:
+        print("---", s["id"], "\n" + s["prompt_tail"][-120:] + "⟨⟩" + s["output"])
+    return 0 if r["all_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
