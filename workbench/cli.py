@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 
-from .config import ConfigError, ExperimentConfig
+from .config import ConfigError, ExperimentConfig, read_json
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
 
@@ -33,6 +32,8 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--seed", type=int)
     ap.add_argument("--no-baseline", action="store_true", help="skip the standalone baseline")
     ap.add_argument("--host", help="address servers bind to (default 127.0.0.1)")
+    for role in ("p", "d", "baseline"):
+        ap.add_argument(f"--port-{role}", type=int, help=f"port of the {role} server (default: a free one)")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="repeatable; " + "; ".join(
                         f"{k.name}: {'|'.join(k.values)}" for k in knob_spec.KNOBS.values()))
@@ -45,13 +46,18 @@ _FLAG_FIELDS = ("target", "drafter", "profile", "num_prompts", "max_tokens", "pr
 def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     data: dict = {}
     if args.config:
-        data = json.loads(Path(args.config).read_text()) if Path(args.config).is_file() else None
-        if data is None:
-            raise ConfigError(f"config file {args.config!r} does not exist")
+        data = read_json(args.config)
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {args.config!r} must hold a JSON object")
     for f in _FLAG_FIELDS:
         v = getattr(args, f, None)
         if v is not None:
             data[f] = v
+    ports = dict(data.get("ports", {}))
+    for role in ("p", "d", "baseline"):
+        if getattr(args, f"port_{role}", None) is not None:
+            ports[role] = getattr(args, f"port_{role}")
+    data["ports"] = ports
     if args.no_baseline:
         data["run_baseline"] = False
     knobs = dict(data.get("knobs", {}))
@@ -91,6 +97,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from . import sweep
+
+    base = config_from_args(args)
+    points = sweep.grid_points(args.grid)  # an unknown grid fails before any server starts
+    out = Path(args.out)
+
+    def on_point(pt, status):
+        print(f"[sweep] {pt.name}: {status}", flush=True)
+
+    table = sweep.run_sweep(points, out, base, use_papermill=not args.in_process,
+                            resume=not args.restart, on_point=on_point)
+    cols = [c for c in ("label", "token_agreement", "baseline_acceptance_length",
+                        "pd_acceptance_length", "pd_pos0", "pd_pos1", "pd_pos2") if c in table]
+    print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"wrote {out / 'results.csv'} and {out / 'figures'}/")
+    return 0
+
+
 def _report(result) -> str:
     lines = []
     for side in ("baseline", "pd"):
@@ -112,6 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     _add_experiment_args(run)
     run.add_argument("--out", required=True, help="output directory")
     run.set_defaults(func=cmd_run)
+    sw = sub.add_parser("sweep", help="run a grid of knob settings through papermill, "
+                        "resumable; aggregate into results.csv and figures")
+    _add_experiment_args(sw)
+    sw.add_argument("--grid", default="default", help="grid name (default, smoke)")
+    sw.add_argument("--out", default=str(Path("data") / "results"), help="output directory")
+    sw.add_argument("--restart", action="store_true", help="rerun points already complete")
+    sw.add_argument("--in-process", action="store_true",
+                    help="run points in this process instead of one notebook each")
+    sw.set_defaults(func=cmd_sweep)
     args = ap.parse_args(argv)
     try:
         return args.func(args)

@@ -16,6 +16,7 @@ from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
 from .prompts import SOURCES as _PROMPT_SOURCES
 
 PROFILES = ("cpu", "gpu")
+ROLES = ("p", "d", "baseline")
 
 
 class ConfigError(ValueError):
@@ -47,6 +48,8 @@ class ExperimentConfig:
     run_baseline: bool = True
     run_pd: bool = True
     host: str = "127.0.0.1"
+    ports: dict[str, int] = field(default_factory=dict)  # role -> port; unset roles get a free one
+    label: str = ""  # a name for the run in tables and figures
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 300.0
 
@@ -81,6 +84,11 @@ class ExperimentConfig:
             raise ConfigError(
                 f"block_size={self.block_size}: the CPU attention backend needs a multiple of 32"
             )
+        for role, port in self.ports.items():
+            if role not in ROLES:
+                raise ConfigError(f"ports: unknown role {role!r}; allowed: {', '.join(ROLES)}")
+            if not isinstance(port, int) or not 0 < port < 65536:
+                raise ConfigError(f"ports[{role!r}]={port!r} must be an integer in 1..65535")
         if not (self.run_baseline or self.run_pd):
             raise ConfigError("run_baseline and run_pd are both False: nothing to run")
         try:
@@ -90,11 +98,12 @@ class ExperimentConfig:
 
     # Fields that, when different, need different servers.
     SERVER_FIELDS = ("target", "drafter", "profile", "k_p", "k_d", "block_size",
-                     "kv_cache_bytes", "max_model_len", "host")
+                     "kv_cache_bytes", "max_model_len", "host", "seed")
 
     def server_key(self) -> tuple[Any, ...]:
         restart = tuple(self.knobs[n] for n in knob_spec.restart_knobs())
-        return tuple(getattr(self, f) for f in self.SERVER_FIELDS) + restart
+        ports = tuple(sorted(self.ports.items()))
+        return tuple(getattr(self, f) for f in self.SERVER_FIELDS) + restart + ports
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,10 +120,13 @@ class ExperimentConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> ExperimentConfig:
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {str(path)!r} does not exist") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"config file {str(path)!r} is not valid JSON: {e}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_json(path))
+
+
+def read_json(path: str | Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid JSON: {e}") from None

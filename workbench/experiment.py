@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
+import json
 import shlex
 import sys
 import tempfile
@@ -27,7 +29,7 @@ from .config import ConfigError, ExperimentConfig
 from .knobs import control
 from .knobs import spec as knob_spec
 from .results import Result, git_commit
-from .servers import ServerSpec, VllmServer, start_all
+from .servers import RemoteServer, ServerSpec, start_all
 
 ROLES_PD = ("p", "d")
 
@@ -124,26 +126,40 @@ class Session:
     SIGTERM/SIGHUP, and by their reaper if this process dies.
     """
 
-    def __init__(self, log_dir: str | Path | None = None):
+    def __init__(self, log_dir: str | Path | None = None,
+                 baseline_cache: str | Path | None = None):
         self._tmp = None
         if log_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="workbench-")
             log_dir = self._tmp.name
         self.log_dir = Path(log_dir)
-        self.servers: dict[str, VllmServer] = {}
+        self.servers: dict[str, Any] = {}
         self.key: tuple | None = None
         self.version = 0
         self.startup_seconds: dict[str, float] = {}
+        self.attached = False
+        self.knobs_file = self.log_dir / "knobs.json"
+        self.state_dir: Path | None = self.log_dir / "knob-state"
+        # Baseline results keyed by what determines them (servers' shape, prompts, tokens):
+        # the baseline does not depend on PD knobs, so a sweep measures it once per prompt set.
+        self.baseline_cache = Path(baseline_cache) if baseline_cache else None
+
+    @classmethod
+    def attach(cls, urls: dict[str, str], *, knobs_file: str | Path | None = None,
+               state_dir: str | Path | None = None, log_dir: str | Path | None = None,
+               baseline_cache: str | Path | None = None) -> Session:
+        """Use servers that are already running (started by a sweep driver, or by hand)."""
+        s = cls(log_dir, baseline_cache=baseline_cache)
+        unknown = set(urls) - {"p", "d", "baseline"}
+        if unknown:
+            raise ConfigError(f"attach: unknown roles {sorted(unknown)}; allowed: p, d, baseline")
+        s.servers = {role: RemoteServer(role, url) for role, url in urls.items()}
+        s.attached = True
+        s.knobs_file = Path(knobs_file) if knobs_file else None
+        s.state_dir = Path(state_dir) if state_dir else None
+        return s
 
     # --- servers -------------------------------------------------------------------------
-    @property
-    def knobs_file(self) -> Path:
-        return self.log_dir / "knobs.json"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.log_dir / "knob-state"
-
     def specs(self, cfg: ExperimentConfig) -> list[ServerSpec]:
         prof = profiles.get(cfg.profile)
         common = dict(
@@ -157,27 +173,37 @@ class Session:
         out = []
         if cfg.run_pd:
             out.append(ServerSpec(role="p", num_speculative_tokens=cfg.k_p, kv_role="kv_producer",
-                                  cpus=prof.cpus.get("p"), **common))
+                                  cpus=prof.cpus.get("p"), port=cfg.ports.get("p"), **common))
             out.append(ServerSpec(role="d", num_speculative_tokens=cfg.k_d, kv_role="kv_consumer",
-                                  cpus=prof.cpus.get("d"), **common))
+                                  cpus=prof.cpus.get("d"), port=cfg.ports.get("d"), **common))
         if cfg.run_baseline:
             out.append(ServerSpec(role="baseline", num_speculative_tokens=cfg.k_d,
-                                  cpus=prof.cpus.get("baseline"), **common))
+                                  cpus=prof.cpus.get("baseline"), port=cfg.ports.get("baseline"),
+                                  **common))
         return out
 
     def ensure(self, cfg: ExperimentConfig) -> None:
         """Start the servers this config needs, restarting only if their shape changed."""
         key = cfg.server_key() + (cfg.run_pd, cfg.run_baseline)
+        if self.attached:
+            need = (["p", "d"] if cfg.run_pd else []) + (["baseline"] if cfg.run_baseline else [])
+            missing = [r for r in need if r not in self.servers]
+            if missing:
+                raise ConfigError(f"attach mode: no URL given for role(s) {missing}")
+            for r in need:
+                self.servers[r].wait_ready(30)
+            return
         if key == self.key and all(s.alive() for s in self.servers.values()):
             return
         self.stop()
+        specs = self.specs(cfg)  # checks ports the user asked for before anything starts
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         for f in self.state_dir.glob("*.json"):
             f.unlink()
         self.version += 1
         control.write_control(self.knobs_file, self.version, cfg.knobs, cfg.seed)
-        servers = start_all(self.specs(cfg), cfg.startup_timeout_s)
+        servers = start_all(specs, cfg.startup_timeout_s)
         self.servers = {s.spec.role: s for s in servers}
         self.startup_seconds = {s.spec.role: s.ready_seconds for s in servers}
         self.key = key
@@ -201,14 +227,47 @@ class Session:
         self.close()
 
     # --- knobs ---------------------------------------------------------------------------
-    def apply_knobs(self, cfg: ExperimentConfig, timeout: float = 60.0) -> dict[str, dict]:
-        """Write the knob values, wait until every server process acks, return what's in force."""
-        self.version += 1
+    def apply_knobs(self, cfg: ExperimentConfig, timeout: float = 60.0) -> dict[str, Any]:
+        """Write the knob values, wait until every server process acks, return what's in force:
+        ``{role: {knob: value}}`` read back from the servers, plus the client-side knobs and
+        each process's full state under ``detail``."""
+        if self.knobs_file is None or self.state_dir is None:
+            return self._knobs_unreachable(cfg)
+        current = control.read_control(self.knobs_file) or {}
+        self.version = max(self.version, int(current.get("version", 0))) + 1
         control.write_control(self.knobs_file, self.version, cfg.knobs, cfg.seed)
-        states = control.wait_for_version(
-            self.state_dir, self.version, tuple(self.servers), timeout
+        logs = {role: str(s.spec.log_path) for role, s in self.servers.items()}
+        merged = control.wait_for_version(
+            self.state_dir, self.version, tuple(self.servers), timeout, logs=logs
         )
-        return states
+        out: dict[str, Any] = {role: m["knobs"] for role, m in merged.items()}
+        out["client"] = {n: cfg.knobs[n] for n in control.CLIENT_SIDE}
+        out["detail"] = merged
+        return out
+
+    def _knobs_unreachable(self, cfg: ExperimentConfig) -> dict[str, Any]:
+        """Attach mode without the plugin's control channel: only vLLM's own behaviour."""
+        changed = {n: v for n, v in cfg.knobs.items()
+                   if v != knob_spec.KNOBS[n].default and n not in control.CLIENT_SIDE}
+        if changed:
+            raise ConfigError(
+                f"knobs {changed} need the workbench plugin's control channel on the attached "
+                "servers (pass knobs_file and state_dir); without it only the defaults "
+                "(vLLM untouched) can run"
+            )
+        unknown = {n: "unknown (no plugin channel)" for n in knob_spec.KNOBS
+                   if n not in control.CLIENT_SIDE}
+        out: dict[str, Any] = {role: dict(unknown) for role in self.servers}
+        out["client"] = {n: cfg.knobs[n] for n in control.CLIENT_SIDE}
+        return out
+
+    def in_force(self) -> dict[str, Any]:
+        """Every plugin process's state now (events counted during the last run included)."""
+        if self.state_dir is None:
+            return {}
+        states = control.read_states(self.state_dir)
+        return {role: control.merge_role([s for s in states if s.get("role") == role])
+                for role in self.servers}
 
     def reset_prefix_caches(self) -> None:
         for s in self.servers.values():
@@ -251,6 +310,7 @@ class Session:
             result.error = f"{type(e).__name__}: {e}"
             raise
         finally:
+            result.knobs["after_run"] = self.in_force()
             self._aggregate(result, rows)
             result.wall_seconds = time.monotonic() - t0
             if out_dir is not None:
@@ -283,7 +343,14 @@ class Session:
                 r.raise_for_status()
                 return r.json()
 
-            if cfg.run_baseline:
+            cached = self._baseline_cached(cfg, plist) if cfg.run_baseline else None
+            if cached is not None:
+                for row, c in zip(rows, cached["rows"]):
+                    row.update(c)
+                result.notes.append(f"baseline reused from {cached['measured_at']} (same "
+                                    "baseline server shape, prompts and max_tokens)")
+                done += len(plist)
+            elif cfg.run_baseline:
                 for p, row in zip(plist, rows):
                     before = await scrape("baseline")
                     t = time.monotonic()
@@ -296,6 +363,7 @@ class Session:
                     done += 1
                     if progress:
                         progress("baseline", done, total)
+                self._baseline_store(cfg, plist, rows)
             if cfg.run_pd:
                 from .proxy import pd_complete
 
@@ -318,6 +386,35 @@ class Session:
                     done += 1
                     if progress:
                         progress("pd", done, total)
+
+    # --- baseline cache -------------------------------------------------------------------
+    BASELINE_KEYS = ("baseline", "baseline_tokens", "baseline_seconds")
+
+    def _baseline_path(self, cfg: ExperimentConfig, plist) -> Path | None:
+        if self.baseline_cache is None:
+            return None
+        shape = [cfg.target, cfg.drafter, cfg.k_d, cfg.block_size, cfg.kv_cache_bytes,
+                 cfg.max_model_len, cfg.seed, cfg.profile, cfg.max_tokens, vllm_version(),
+                 [p.token_ids for p in plist]]
+        digest = hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:24]
+        return self.baseline_cache / f"baseline-{digest}.json"
+
+    def _baseline_cached(self, cfg, plist) -> dict | None:
+        path = self._baseline_path(cfg, plist)
+        if path is None or not path.is_file():
+            return None
+        return json.loads(path.read_text())
+
+    def _baseline_store(self, cfg, plist, rows) -> None:
+        path = self._baseline_path(cfg, plist)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "rows": [{k: r[k] for k in self.BASELINE_KEYS} for r in rows]}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
 
     def _aggregate(self, result: Result, rows: list[dict]) -> None:
         for side in ("baseline", "pd"):

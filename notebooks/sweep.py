@@ -1,0 +1,46 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Sweep: one grid point (or a whole grid) of the PD + EAGLE3 workbench
+#
+# `python -m workbench sweep` runs this notebook once per grid point through papermill,
+# attached to servers the driver owns; the executed copy is the record of that run.
+# Run by hand, it starts its own servers (attach empty) or runs a whole grid (`grid`).
+
+# %% tags=["parameters"]
+config = {}  # ExperimentConfig fields; {} means the CPU defaults
+attach = {}  # {"urls": {"p": ..., "d": ..., "baseline": ...}, "knobs_file", "state_dir", "baseline_cache"}
+out_dir = "../data/runs/notebook-point"
+grid = ""  # a grid name ("default", "smoke") runs the whole grid here instead of one point
+results_store = ""  # a CSV to append this run's row to
+
+# %%
+from workbench import sweep
+from workbench.config import ExperimentConfig
+
+if grid:
+    base = ExperimentConfig.from_dict(dict(config)) if config else ExperimentConfig()
+    table = sweep.run_sweep(grid, out_dir, base, use_papermill=False)
+    result = None
+else:
+    result = sweep.run_point(config, attach or None, out_dir, results_store or None)
+    table = result.to_dataframe()
+table
+
+# %%
+if result is not None:
+    print("knobs in force on D:", result.knobs["d"] if "d" in result.knobs else None)
+    print("token agreement:", result.token_agreement)
+    for note in result.notes:
+        print("note:", note)

@@ -1,0 +1,73 @@
+"""Shared fixtures. vLLM servers are expensive (~30-45 s each to start on the CPU), so one
+``Session`` serves every pipeline test; knobs switch at runtime between runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+from workbench import paths
+from workbench.config import ExperimentConfig
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory) -> tuple[str, str]:
+    """A randomly initialised target + EAGLE3 drafter: acceptance near zero, but PD must still
+    reproduce the baseline token for token."""
+    from workbench.training.tiny import make_random_pair
+
+    return make_random_pair(tmp_path_factory.mktemp("tiny-pair"))
+
+
+def trained_pair_available() -> bool:
+    return (paths.DEFAULT_TARGET / "config.json").is_file() and (
+        paths.DEFAULT_DRAFTER / "config.json"
+    ).is_file()
+
+
+@pytest.fixture(scope="session")
+def model_pair(tiny_pair) -> tuple[str, str]:
+    """The shipped trained pair (meaningful acceptance) when present, else the random pair."""
+    if trained_pair_available():
+        return str(paths.DEFAULT_TARGET), str(paths.DEFAULT_DRAFTER)
+    return tiny_pair
+
+
+@pytest.fixture(scope="session")
+def base_cfg(model_pair) -> ExperimentConfig:
+    trained = model_pair[0] == str(paths.DEFAULT_TARGET)
+    return ExperimentConfig(
+        target=model_pair[0], drafter=model_pair[1],
+        prompt_set="indomain" if trained else "random",
+        num_prompts=16, max_tokens=48,
+    )
+
+
+@pytest.fixture(scope="session")
+def pd_session(tmp_path_factory):
+    from workbench.experiment import Session
+
+    with Session(tmp_path_factory.mktemp("pd-session")) as s:
+        yield s
+
+
+def tree_pids(server) -> set[int]:
+    """The pids of a server's whole process tree (reaper, API server, engine core, worker)."""
+    try:
+        root = psutil.Process(server.proc.pid)
+        return {root.pid} | {c.pid for c in root.children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def alive(pids: set[int]) -> set[int]:
+    out = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.add(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out

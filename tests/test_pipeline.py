@@ -1,0 +1,47 @@
+"""The real PD + EAGLE3 pipeline on the CPU: parity with the baseline, exact counter deltas."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from workbench import metrics
+
+pytestmark = pytest.mark.vllm
+
+
+def test_pd_matches_baseline_token_for_token_and_per_position(pd_session, base_cfg, tmp_path):
+    r = pd_session.run(base_cfg, out_dir=tmp_path)
+    assert r.num_prompts >= 16 and r.complete
+    assert r.token_agreement == 1.0, [(q["id"], q["first_diff"]) for q in r.requests if not q["agree"]]
+    assert r.pd["num_drafts"] > 0 and r.baseline["num_drafts"] > 0
+    for pos, (pd_rate, base_rate) in enumerate(zip(r.pd["per_position"],
+                                                   r.baseline["per_position"])):
+        assert pd_rate == pytest.approx(base_rate, rel=0.02, abs=1e-12), (pos, r.pd, r.baseline)
+    # Knob values are read back from the servers' processes, not echoed from the request.
+    for role in ("p", "d", "baseline"):
+        assert r.knobs[role]["finalize"] == "deferred", r.knobs
+    saved = (tmp_path / "result.json").read_text()
+    for key in ("config", "vllm_version", "pd", "baseline", "token_agreement", "num_prompts",
+                "wall_seconds", "knobs", "requests"):
+        assert f'"{key}"' in saved
+
+
+def test_consecutive_runs_report_only_their_own_drafts(pd_session, base_cfg):
+    cfg = replace(base_cfg, num_prompts=4)
+    a = pd_session.run(cfg)
+    d_before = metrics.scrape(pd_session.servers["d"].url)
+    b = pd_session.run(cfg)
+    d_after = metrics.scrape(pd_session.servers["d"].url)
+    # Same prompts, greedy, prefix caches reset: the second run sees exactly what the first saw,
+    # not the first run's drafts plus its own.
+    assert a.pd["num_drafts"] == b.pd["num_drafts"] > 0
+    assert a.baseline["num_drafts"] == b.baseline["num_drafts"] > 0
+    assert a.pd["accepted_per_pos"] == b.pd["accepted_per_pos"]
+    # The per-request deltas add up to D's whole-run delta: nothing missed, nothing extra.
+    whole = d_after - d_before
+    assert b.pd["num_drafts"] == whole.num_drafts
+    assert b.pd["accepted_per_pos"] == [int(x) for x in whole.accepted_per_pos]
+    # The prefix caches were reset between the runs: the repeated prompts found nothing cached.
+    assert b.baseline["prefix_cache_hits"] == 0

@@ -1,0 +1,146 @@
+"""Knob ``transfer``: NIXL reads the KV memory directly, or through a host staging buffer.
+
+Restart-time: read from env ``WORKBENCH_TRANSFER`` when the plugin registers, because the
+staging buffer is allocated and registered with NIXL when the connector is built.
+
+host-staged on the CPU (NIXL sets ``use_host_buffer = False`` when the device is the CPU):
+* ``NixlBaseConnectorScheduler.__init__`` and ``NixlBaseConnectorWorker.__init__`` set
+  ``use_host_buffer = True`` after the original ``__init__`` (before ``register_kv_caches``,
+  which then allocates and registers the host buffers);
+* ``NixlBaseConnectorWorker.set_host_xfer_buffer_ops`` keeps the copy op it is given
+  (``copy_kv_blocks``; the original returns early on a CPU device);
+* the CPU platform class gets ``insert_blocks_to_device`` / ``swap_out_blocks_to_host``
+  (``dst[dst_idx] = src[src_idx]``, as the CUDA platform does), which ``copy_kv_blocks`` calls.
+On a GPU, host staging is vLLM's own ``kv_buffer_device: cpu``: the plugin changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import _patch, control, spec
+
+NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+TARGETS = (
+    (f"{NIXL}.base_scheduler", "NixlBaseConnectorScheduler", "__init__", None),
+    (f"{NIXL}.base_worker", "NixlBaseConnectorWorker", "__init__", None),
+    (f"{NIXL}.base_worker", "NixlBaseConnectorWorker", "set_host_xfer_buffer_ops",
+     ["self", "copy_operation"]),
+    (f"{NIXL}.base_worker", "NixlBaseConnectorWorker", "save_kv_to_host", ["self", "metadata"]),
+    (f"{NIXL}.base_worker", "NixlBaseConnectorWorker", "sync_recved_kv_to_device",
+     ["self", "req_id", "meta"]),
+    ("vllm.distributed.kv_transfer.kv_connector.utils", None, "copy_kv_blocks",
+     ["src_kv_caches", "dst_kv_caches", "src_block_ids", "dst_block_ids", "direction"]),
+)
+
+_counts = {"d2h_copies": 0, "h2d_copies": 0}
+
+
+def requested() -> str:
+    return os.environ.get(spec.ENV_TRANSFER, spec.KNOBS["transfer"].default)
+
+
+def install() -> None:
+    """Install host staging if the environment asks for it and the device is the CPU."""
+    if requested() != "host-staged":
+        return
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type != "cpu":
+        return  # native: kv_buffer_device=cpu gives a host buffer on accelerators
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_scheduler import (
+        NixlBaseConnectorScheduler,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import (
+        NixlBaseConnectorWorker,
+    )
+
+    def make_init(orig):
+        def __init__(self, *args, **kwargs):
+            orig(self, *args, **kwargs)
+            self.use_host_buffer = True
+
+        return __init__
+
+    def make_ops(orig):
+        def set_host_xfer_buffer_ops(self, copy_operation):
+            orig(self, copy_operation)
+            if self.use_host_buffer and self.copy_blocks is None:
+                self.copy_blocks = copy_operation
+
+        return set_host_xfer_buffer_ops
+
+    def make_save(orig):
+        def save_kv_to_host(self, metadata):
+            n = len(getattr(metadata, "reqs_to_save", {}) or {})
+            if n:
+                c = control.component("worker")
+                if c is not None:
+                    c.bump("transfer", "d2h_requests_staged", n)
+            return orig(self, metadata)
+
+        return save_kv_to_host
+
+    def make_sync(orig):
+        def sync_recved_kv_to_device(self, req_id, meta):
+            c = control.component("worker")
+            if c is not None:
+                c.bump("transfer", "h2d_requests_synced")
+            return orig(self, req_id, meta)
+
+        return sync_recved_kv_to_device
+
+    _patch.patch(NixlBaseConnectorScheduler, "__init__", make_init)
+    _patch.patch(NixlBaseConnectorWorker, "__init__", make_init)
+    _patch.patch(NixlBaseConnectorWorker, "set_host_xfer_buffer_ops", make_ops)
+    _patch.patch(NixlBaseConnectorWorker, "save_kv_to_host", make_save)
+    _patch.patch(NixlBaseConnectorWorker, "sync_recved_kv_to_device", make_sync)
+
+    platform_cls = type(current_platform)
+
+    def insert_blocks_to_device(cls, src_cache, dst_cache, src_block_indices, dst_block_indices):
+        dst_cache[dst_block_indices] = src_cache[src_block_indices].to(dst_cache.device)
+
+    def swap_out_blocks_to_host(cls, src_cache, dst_cache, src_block_indices, dst_block_indices):
+        dst_cache[dst_block_indices] = src_cache[src_block_indices].to(dst_cache.device)
+
+    _patch.add_classmethod(platform_cls, "insert_blocks_to_device", insert_blocks_to_device)
+    _patch.add_classmethod(platform_cls, "swap_out_blocks_to_host", swap_out_blocks_to_host)
+
+
+def _read_back(obj) -> tuple[str, dict[str, Any]]:
+    ev: dict[str, Any] = {"requested_at_start": requested()}
+    if obj is None:
+        ev["note"] = "no NIXL connector in this server"
+        return "direct", ev
+    use = bool(getattr(obj, "use_host_buffer", False))
+    ev["use_host_buffer"] = use
+    if hasattr(obj, "copy_blocks"):
+        ev["copy_op"] = getattr(obj.copy_blocks, "__name__", repr(obj.copy_blocks))
+        ev["host_buffers"] = len(getattr(obj, "host_xfer_buffers", {}) or {})
+    return ("host-staged" if use else "direct"), ev
+
+
+def apply_engine(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[str, Any]]:
+    conn = getattr(comp.obj, "connector", None)
+    cs = getattr(conn, "connector_scheduler", None) if conn is not None else None
+    value, ev = _read_back(cs)
+    if cs is None and conn is not None:
+        ev["note"] = f"KV connector {type(conn).__name__} has no NIXL scheduler side"
+    return {"transfer": value}, ev
+
+
+def apply_worker(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[str, Any]]:
+    w = None
+    try:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+        if has_kv_transfer_group():
+            w = getattr(get_kv_transfer_group(), "connector_worker", None)
+    except Exception:
+        w = None
+    value, ev = _read_back(w)
+    ev.setdefault("d2h_requests_staged", 0)
+    ev.setdefault("h2d_requests_synced", 0)
+    return {"transfer": value}, ev

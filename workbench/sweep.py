@@ -1,0 +1,198 @@
+"""Grids of knob settings, run through papermill, resumable, aggregated into a table + figures.
+
+The driver owns the servers (one ``Session``): each grid point is one execution of
+``notebooks/sweep.ipynb`` that attaches to them, so servers start only when a restart-time
+knob changes, and the executed notebook stays on disk as the record of that run. A point whose
+``result.json`` is complete is skipped on the next invocation (resume after a crash or Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from . import paths
+from .config import ConfigError, ExperimentConfig
+from .knobs import spec as knob_spec
+from .results import Result
+
+SWEEP_NOTEBOOK = paths.REPO / "notebooks" / "sweep.ipynb"
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    prompt_set: str
+    knobs: dict[str, str] = field(default_factory=dict)
+    why: str = ""
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+
+
+# The default sweep behind `make figures`: each knob's effect, plus the settings that show
+# none (and say why). Host-staged points come last: `transfer` is the one knob that restarts.
+GRIDS: dict[str, list[Point]] = {
+    "default": [
+        Point("fixed", "indomain", {}, "every fix in place: parity expected"),
+        Point("eager, direct", "indomain", {"finalize": "eager"},
+              "NIXL reads P's CPU KV directly: eager finalize has nothing to break"),
+        Point("legacy hand-off", "badcase", {"block_handoff": "legacy"},
+              "P hands its lookahead block too: requests with N % bs == 0 shift by a block"),
+        Point("legacy, P lookahead 0", "badcase",
+              {"block_handoff": "legacy", "prefill_lookahead": "0"},
+              "no lookahead block on P, nothing extra to hand over"),
+        Point("legacy, last block, zeroed", "lastblock",
+              {"block_handoff": "legacy", "blocks": "zeroed"},
+              "D loads only the tail: P's never-written block holds zeros"),
+        Point("legacy, last block, dirty", "lastblock",
+              {"block_handoff": "legacy", "blocks": "dirty"},
+              "D loads only the tail: P's never-written block holds stale KV"),
+        Point("host-staged, deferred, dirty", "indomain",
+              {"transfer": "host-staged", "blocks": "dirty"}, "today's order: parity expected"),
+        Point("host-staged, eager, dirty", "indomain",
+              {"transfer": "host-staged", "finalize": "eager", "blocks": "dirty"},
+              "P stages the drafter's blocks before the drafter wrote them"),
+        Point("host-staged, eager, zeroed", "indomain",
+              {"transfer": "host-staged", "finalize": "eager", "blocks": "zeroed"},
+              "the same, with zeroed blocks: zeros can hide the damage"),
+    ],
+    "smoke": [
+        Point("fixed", "indomain", {}),
+        Point("legacy hand-off", "badcase", {"block_handoff": "legacy"}),
+    ],
+}
+
+
+def grid_points(name: str) -> list[Point]:
+    if name not in GRIDS:
+        raise ConfigError(f"grid {name!r} is unknown; allowed: {', '.join(GRIDS)}")
+    return GRIDS[name]
+
+
+def point_config(base: ExperimentConfig, pt: Point) -> ExperimentConfig:
+    knobs = dict(base.knobs)
+    knobs.update(pt.knobs)
+    cfg = replace(base, prompt_set=pt.prompt_set, knobs=knob_spec.validate(knobs), label=pt.name)
+    cfg.validate()
+    return cfg
+
+
+def is_complete(point_dir: Path) -> bool:
+    p = point_dir / "result.json"
+    if not p.is_file():
+        return False
+    try:
+        return bool(json.loads(p.read_text()).get("complete"))
+    except json.JSONDecodeError:
+        return False
+
+
+def execute_point(cfg: ExperimentConfig, attach: dict, point_dir: Path, record: Path) -> None:
+    """Run one grid point as a papermill execution of the sweep notebook (attached)."""
+    import papermill as pm
+
+    point_dir.mkdir(parents=True, exist_ok=True)
+    pm.execute_notebook(
+        str(SWEEP_NOTEBOOK), str(record),
+        parameters={"config": cfg.to_dict(), "attach": attach, "out_dir": str(point_dir),
+                    "grid": ""},
+        kernel_name="python3", progress_bar=False, cwd=str(SWEEP_NOTEBOOK.parent),
+    )
+
+
+def run_sweep(
+    grid: str | list[Point],
+    out: str | Path,
+    base: ExperimentConfig,
+    *,
+    use_papermill: bool = True,
+    resume: bool = True,
+    on_point: Callable[[Point, str], None] | None = None,
+) -> pd.DataFrame:
+    """Run every point not yet complete, then aggregate everything under ``out``."""
+    from .experiment import Session
+
+    points = grid_points(grid) if isinstance(grid, str) else list(grid)
+    out = Path(out)
+    (out / "points").mkdir(parents=True, exist_ok=True)
+    todo = [pt for pt in points if not (resume and is_complete(out / "points" / pt.slug))]
+    timing = {"started": time.time(), "points_run": len(todo), "points_skipped": len(points) - len(todo)}
+    with Session(out / "logs", baseline_cache=out / "baseline-cache") as session:
+        for pt in points:
+            point_dir = out / "points" / pt.slug
+            if pt not in todo:
+                if on_point:
+                    on_point(pt, "skipped (complete)")
+                continue
+            cfg = point_config(base, pt)
+            if on_point:
+                on_point(pt, "running")
+            if use_papermill:
+                session.ensure(cfg)
+                attach = {
+                    "urls": {r: s.url for r, s in session.servers.items()},
+                    "knobs_file": str(session.knobs_file),
+                    "state_dir": str(session.state_dir),
+                    "baseline_cache": str(session.baseline_cache),
+                }
+                execute_point(cfg, attach, point_dir, out / "points" / f"{pt.slug}.ipynb")
+            else:
+                session.run(cfg, out_dir=point_dir)
+        timing["startup_seconds"] = session.startup_seconds
+    timing["wall_seconds"] = time.time() - timing["started"]
+    (out / "sweep-timing.json").write_text(json.dumps(timing, indent=2))
+    return aggregate(out, [pt.slug for pt in points])
+
+
+def run_point(config: dict, attach: dict | None, out_dir: str | Path,
+              results_store: str | Path | None = None) -> Result:
+    """One grid point, as the sweep notebook runs it: attached to the driver's servers, or
+    with servers of its own when ``attach`` is empty."""
+    from .experiment import Session
+    from .results import append_to_store
+
+    cfg = ExperimentConfig.from_dict(dict(config)) if config else ExperimentConfig()
+    if attach:
+        session = Session.attach(attach["urls"], knobs_file=attach.get("knobs_file"),
+                                 state_dir=attach.get("state_dir"),
+                                 baseline_cache=attach.get("baseline_cache"))
+    else:
+        session = Session()
+    with session:
+        result = session.run(cfg, out_dir=out_dir, command=f"papermill notebooks/sweep.ipynb "
+                             f"(config={json.dumps(cfg.to_dict(), sort_keys=True)})")
+    if results_store:
+        append_to_store(result, results_store)
+    return result
+
+
+def load_results(out: str | Path, slugs: list[str] | None = None) -> list[Result]:
+    pdir = Path(out) / "points"
+    dirs = [pdir / s for s in slugs] if slugs else sorted(d for d in pdir.iterdir() if d.is_dir())
+    return [Result.load(d) for d in dirs if (d / "result.json").is_file()]
+
+
+def aggregate(out: str | Path, slugs: list[str] | None = None) -> pd.DataFrame:
+    """Write ``results.csv`` (one row per run), ``requests.csv`` and the figures."""
+    from . import plots
+
+    out = Path(out)
+    results = load_results(out, slugs)
+    if not results:
+        raise RuntimeError(f"no completed runs under {out / 'points'}")
+    table = pd.DataFrame([{"label": plots.label(r), **r.summary_row()} for r in results])
+    table.to_csv(out / "results.csv", index=False)
+    reqs = pd.concat(
+        [r.requests_frame().assign(label=plots.label(r)) for r in results], ignore_index=True
+    )
+    reqs.to_csv(out / "requests.csv", index=False)
+    plots.all_figures(results, out / "figures")
+    return table
