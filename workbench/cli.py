@@ -116,6 +116,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Print every server command line and environment, one JSON object per line."""
+    import json
+
+    from .config import ExperimentConfig
+    from .experiment import Session
+
+    overrides = {f: getattr(args, f) for f in _FLAG_FIELDS if getattr(args, f, None) is not None}
+    overrides.pop("profile", None)
+    knobs = {}
+    for a in args.knob:
+        name, value = knob_spec.parse_assignment(a)
+        knobs[name] = value
+    cfg = ExperimentConfig.for_profile(args.profile or "cpu", knobs=knobs, require_models=False,
+                                       **overrides)
+    for spec in Session(args.log_dir).specs(cfg):
+        print(json.dumps({"role": spec.role, "url": spec.url, "argv": spec.command(),
+                          "env": spec.env(), "log": str(spec.log_path)}))
+    return 0
+
+
 def _report(result) -> str:
     lines = []
     for side in ("baseline", "pd"):
@@ -146,10 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--in-process", action="store_true",
                     help="run points in this process instead of one notebook each")
     sw.set_defaults(func=cmd_sweep)
+    pl = sub.add_parser("plan", help="print the command line and environment of every server "
+                        "a run would start (JSON, one per line), starting nothing")
+    _add_experiment_args(pl)
+    pl.add_argument("--log-dir", default="/tmp/workbench-plan", help="where logs would go")
+    pl.set_defaults(func=cmd_plan)
     args = ap.parse_args(argv)
     try:
         return args.func(args)
-    except ConfigError as e:
+    except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

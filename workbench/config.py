@@ -10,12 +10,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from . import profiles
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
 
 from .prompts import SOURCES as _PROMPT_SOURCES
 
-PROFILES = ("cpu", "gpu")
 ROLES = ("p", "d", "baseline")
 
 
@@ -50,6 +50,7 @@ class ExperimentConfig:
     host: str = "127.0.0.1"
     ports: dict[str, int] = field(default_factory=dict)  # role -> port; unset roles get a free one
     label: str = ""  # a name for the run in tables and figures
+    require_models: bool = True  # False only to print a plan for models not on this machine
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 300.0
 
@@ -57,14 +58,15 @@ class ExperimentConfig:
         self.validate()
 
     def validate(self) -> None:
-        for name in ("target", "drafter"):
+        for name in ("target", "drafter") if self.require_models else ():
             p = Path(getattr(self, name)).expanduser()
             if not p.is_dir():
                 raise ConfigError(f"{name} model directory {str(p)!r} does not exist")
             if not (p / "config.json").is_file():
                 raise ConfigError(f"{name} model directory {str(p)!r} has no config.json")
-        if self.profile not in PROFILES:
-            raise ConfigError(f"profile {self.profile!r} is unknown; allowed: {', '.join(PROFILES)}")
+        if self.profile not in profiles.PROFILES:
+            raise ConfigError(f"profile {self.profile!r} is unknown; allowed: "
+                              f"{', '.join(profiles.PROFILES)}")
         if self.prompt_set not in _PROMPT_SOURCES and self.prompt_file is None:
             raise ConfigError(
                 f"prompt set {self.prompt_set!r} is unknown; allowed: {', '.join(_PROMPT_SOURCES)} "
@@ -80,7 +82,7 @@ class ExperimentConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name}={v!r} must be an integer >= 1")
-        if self.profile == "cpu" and self.block_size % 32:
+        if profiles.PROFILES[self.profile].device == "cpu" and self.block_size % 32:
             raise ConfigError(
                 f"block_size={self.block_size}: the CPU attention backend needs a multiple of 32"
             )
@@ -104,6 +106,22 @@ class ExperimentConfig:
         restart = tuple(self.knobs[n] for n in knob_spec.restart_knobs())
         ports = tuple(sorted(self.ports.items()))
         return tuple(getattr(self, f) for f in self.SERVER_FIELDS) + restart + ports
+
+    @classmethod
+    def for_profile(cls, profile: str, **overrides: Any) -> ExperimentConfig:
+        """A config with the profile's defaults (models, block size, prompts, tokens)."""
+        try:
+            prof = profiles.get(profile)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        data: dict[str, Any] = {"profile": profile, "block_size": prof.block_size,
+                                "prompt_set": prof.default_prompt_set,
+                                "max_tokens": prof.default_max_tokens}
+        if prof.default_target:
+            data["target"] = prof.default_target
+            data["drafter"] = prof.default_drafter
+        data.update(overrides)
+        return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -162,25 +162,29 @@ class Session:
     # --- servers -------------------------------------------------------------------------
     def specs(self, cfg: ExperimentConfig) -> list[ServerSpec]:
         prof = profiles.get(cfg.profile)
+        # On a GPU, host staging is vLLM's own kv_buffer_device=cpu; on the CPU the plugin
+        # emulates it through the same connector code path (WORKBENCH_TRANSFER).
+        buffer = prof.kv_buffer_device
+        if prof.device != "cpu" and cfg.knobs["transfer"] == "host-staged":
+            buffer = "cpu"
         common = dict(
             target=cfg.target, drafter=cfg.drafter, log_dir=self.log_dir,
             block_size=cfg.block_size, kv_cache_bytes=cfg.kv_cache_bytes,
             max_model_len=cfg.max_model_len, host=cfg.host, device=prof.device,
             dtype=prof.dtype, seed=cfg.seed, enforce_eager=prof.enforce_eager,
             knobs_file=self.knobs_file, knobs_state_dir=self.state_dir,
-            transfer=cfg.knobs["transfer"], kv_buffer_device=prof.kv_buffer_device,
+            transfer=cfg.knobs["transfer"], kv_buffer_device=buffer,
         )
-        out = []
-        if cfg.run_pd:
-            out.append(ServerSpec(role="p", num_speculative_tokens=cfg.k_p, kv_role="kv_producer",
-                                  cpus=prof.cpus.get("p"), port=cfg.ports.get("p"), **common))
-            out.append(ServerSpec(role="d", num_speculative_tokens=cfg.k_d, kv_role="kv_consumer",
-                                  cpus=prof.cpus.get("d"), port=cfg.ports.get("d"), **common))
-        if cfg.run_baseline:
-            out.append(ServerSpec(role="baseline", num_speculative_tokens=cfg.k_d,
-                                  cpus=prof.cpus.get("baseline"), port=cfg.ports.get("baseline"),
-                                  **common))
-        return out
+        roles = {"p": (cfg.k_p, "kv_producer"), "d": (cfg.k_d, "kv_consumer"),
+                 "baseline": (cfg.k_d, None)}
+        wanted = (["p", "d"] if cfg.run_pd else []) + (["baseline"] if cfg.run_baseline else [])
+        return [
+            ServerSpec(role=r, num_speculative_tokens=roles[r][0], kv_role=roles[r][1],
+                       cpus=prof.cpus.get(r), gpus=prof.gpus.get(r),
+                       gpu_memory_utilization=prof.gpu_memory_utilization.get(r),
+                       port=cfg.ports.get(r), **common)
+            for r in wanted
+        ]
 
     def ensure(self, cfg: ExperimentConfig) -> None:
         """Start the servers this config needs, restarting only if their shape changed."""

@@ -1,29 +1,63 @@
-"""Hardware profiles: how P, D and the baseline are placed and sized.
+"""Hardware profiles: how P, D and the baseline are placed and sized, and their defaults.
 
-CPU: each idle-but-running vLLM CPU server spreads its OpenMP threads over every core by
-default, and two unpinned servers on a 2-core machine made a request about 9 times slower
-(notes, section 8). So P and D get a core each; the baseline runs while P and D are idle
-(runs are sequential), so it shares a core instead of fighting for both.
+CPU: an unpinned vLLM CPU server spreads its OpenMP threads over every core, and two such
+servers on a 2-core machine made a request about 9 times slower (notes, section 8). So P and D
+get a core each; the baseline runs while P and D are idle (requests are sequential), so it
+shares D's core instead of fighting for both.
+
+GPU: the flags of vLLM's PD + EAGLE3 acceptance test
+(``tests/v1/kv_connector/nixl_integration/spec_decode_acceptance_test.sh``): block size 16,
+``--enforce-eager``, P with 1 speculative token and D with 3, NIXL with ``kv_buffer_device``
+``cuda`` or ``cpu``. P and D on separate GPUs, or both on one GPU with the memory split.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The reference figures of vLLM's test on D (Llama-3.1-8B-Instruct + its EAGLE3 speculator,
+# 80 MT-Bench prompts, 256 tokens, greedy, k=3), with its two-sided relative tolerance.
+GPU_EXPECTED = {"acceptance_length": 2.60, "per_position": [0.7296, 0.5208, 0.3545],
+                "rel_tolerance": 0.05}
+
 
 @dataclass(frozen=True)
 class Profile:
     name: str
     device: str
-    cpus: dict[str, str | None] = field(default_factory=dict)  # role -> VLLM_CPU_OMP_THREADS_BIND
+    block_size: int
+    dtype: str
     kv_buffer_device: str = "cpu"
-    dtype: str = "float32"
     enforce_eager: bool = True
+    cpus: dict[str, str] = field(default_factory=dict)  # role -> VLLM_CPU_OMP_THREADS_BIND
+    gpus: dict[str, str] = field(default_factory=dict)  # role -> CUDA_VISIBLE_DEVICES
+    gpu_memory_utilization: dict[str, float] = field(default_factory=dict)
+    default_target: str | None = None  # None: the CPU models shipped in data/models
+    default_drafter: str | None = None
+    default_prompt_set: str = "indomain"
+    default_max_tokens: int = 64
+    expected: dict | None = None
 
 
 PROFILES: dict[str, Profile] = {
-    "cpu": Profile("cpu", "cpu", cpus={"p": "0", "d": "1", "baseline": "1"}),
-    "gpu": Profile("gpu", "cuda", cpus={}, kv_buffer_device="cuda", dtype="bfloat16"),
+    "cpu": Profile("cpu", "cpu", block_size=32, dtype="float32",
+                   cpus={"p": "0", "d": "1", "baseline": "1"}),
+    # P and D on separate GPUs (the baseline shares D's GPU and runs while PD is idle).
+    "gpu": Profile("gpu", "cuda", block_size=16, dtype="auto", kv_buffer_device="cuda",
+                   gpus={"p": "0", "d": "1", "baseline": "1"},
+                   gpu_memory_utilization={"p": 0.85, "d": 0.42, "baseline": 0.42},
+                   default_target="meta-llama/Llama-3.1-8B-Instruct",
+                   default_drafter="RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3",
+                   default_prompt_set="mt_bench", default_max_tokens=256,
+                   expected=GPU_EXPECTED),
+    # Everything on one GPU, its memory split three ways.
+    "gpu-single": Profile("gpu-single", "cuda", block_size=16, dtype="auto",
+                          kv_buffer_device="cuda", gpus={"p": "0", "d": "0", "baseline": "0"},
+                          gpu_memory_utilization={"p": 0.3, "d": 0.3, "baseline": 0.3},
+                          default_target="meta-llama/Llama-3.1-8B-Instruct",
+                          default_drafter="RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3",
+                          default_prompt_set="mt_bench", default_max_tokens=256,
+                          expected=GPU_EXPECTED),
 }
 
 

@@ -65,6 +65,8 @@ class ServerSpec:
     kv_role: str | None = None  # "kv_producer" / "kv_consumer"; None: no connector
     kv_buffer_device: str = "cpu"
     cpus: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-1"
+    gpus: str | None = None  # CUDA_VISIBLE_DEVICES
+    gpu_memory_utilization: float | None = None
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
@@ -111,6 +113,8 @@ class ServerSpec:
         ]
         if self.device == "cpu":
             cmd += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
+        elif self.gpu_memory_utilization is not None:
+            cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         if self.enforce_eager:
             cmd.append("--enforce-eager")
         if self.kv_role is not None:
@@ -135,6 +139,8 @@ class ServerSpec:
         }
         if self.cpus is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpus
+        if self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus
         if self.knobs_file is not None:
             env[knob_spec.ENV_CONTROL_FILE] = str(self.knobs_file)
         if self.knobs_state_dir is not None:

@@ -214,7 +214,7 @@ def wait_for_version(
                 if errs:
                     raise RuntimeError(
                         f"workbench knobs: role {role!r} component {comp!r} failed to apply "
-                        f"version {version}: " + " | ".join(str(e) for e in errs)
+                        f"version {version}: " + " | ".join(str(e) for e in errs) + "."
                         + _log_hint(role, logs)
                     )
                 acked.extend(cs)

@@ -21,7 +21,7 @@ from typing import Any
 from . import _patch, control
 
 TARGETS = (
-    ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", ["self"]),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", ["self", "throttle_prefills"]),
     ("vllm.v1.core.sched.scheduler", "Scheduler", "__init__", None),
 )
 

@@ -84,10 +84,15 @@ def install() -> None:
 
     def make_sync(orig):
         def sync_recved_kv_to_device(self, req_id, meta):
+            out = orig(self, req_id, meta)
             c = control.component("worker")
             if c is not None:
                 c.bump("transfer", "h2d_requests_synced")
-            return orig(self, req_id, meta)
+                try:
+                    _record_received(c, self, meta)
+                except Exception as e:  # diagnostics only
+                    c.note("transfer", "received_rms_error", f"{type(e).__name__}: {e}")
+            return out
 
         return sync_recved_kv_to_device
 
@@ -107,6 +112,32 @@ def install() -> None:
 
     _patch.add_classmethod(platform_cls, "insert_blocks_to_device", insert_blocks_to_device)
     _patch.add_classmethod(platform_cls, "swap_out_blocks_to_host", swap_out_blocks_to_host)
+
+
+def _record_received(comp: control.Component, worker, meta) -> None:
+    """RMS of the KV just copied in from the staging buffer, target vs drafter layers.
+
+    Real K/V of the small models is O(0.3); blocks P staged before its drafter wrote them
+    (finalize=eager) carry whatever P's blocks held before (zeros, or the dirty/poisoned
+    noise), which shows here as a drafter RMS of 0 or of the noise scale.
+    """
+    import torch
+
+    ids = [b for g in (meta.local_physical_block_ids or []) for b in g]
+    if not ids:
+        return
+    runner = getattr(comp.obj, "model_runner", None)
+    drafter = getattr(getattr(runner, "drafter", None), "_draft_attn_layer_names", None) or set()
+    sums = {"target": [0.0, 0], "drafter": [0.0, 0]}
+    idx = torch.tensor(ids, dtype=torch.long)
+    with torch.no_grad():
+        for name, kv in worker.device_kv_caches.items():
+            x = kv.index_select(0, idx.to(kv.device)).float()
+            key = "drafter" if name in drafter else "target"
+            sums[key][0] += float(x.pow(2).sum())
+            sums[key][1] += x.numel()
+    rms = {k: (round((s / n) ** 0.5, 4) if n else None) for k, (s, n) in sums.items()}
+    comp.append("transfer", "received_rms", {"blocks": len(ids), **rms}, keep=50)
 
 
 def _read_back(obj) -> tuple[str, dict[str, Any]]:

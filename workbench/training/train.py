@@ -70,11 +70,41 @@ def _atomic_save(obj, path):
     os.replace(tmp, path)
 
 
-def _lr_at(step, total, peak, warmup):
+WARMUP_STEPS = 100
+DECAY_FRACTION = 0.25
+
+
+def decay_start(total: int) -> int:
+    return int(total * (1 - DECAY_FRACTION))
+
+
+def _lr_at(step, total, peak, warmup=WARMUP_STEPS):
+    """Warmup-stable-decay: linear warmup over a fixed number of steps, constant,
+    then cosine down to 10% over the last quarter.  Until decay_start(total) the
+    schedule does not depend on total, so a run resumed with a different total
+    (before its decay began) is the same run as one started with that total."""
+    warmup = min(warmup, max(1, total // 10))
     if step < warmup:
         return peak * (step + 1) / warmup
-    p = (step - warmup) / max(1, total - warmup)
+    d0 = decay_start(total)
+    if step < d0:
+        return peak
+    p = (step - d0) / max(1, total - d0)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
+
+
+def _check_total(ck, step, total, log):
+    """A checkpoint may resume under a new step total only while still before the
+    decay phase of both schedules (then the result equals a fresh run with the new total)."""
+    if not os.path.exists(ck):
+        return
+    st = torch.load(ck, map_location="cpu")
+    old_total = st.get("total", total)
+    if old_total != total:
+        if step > min(decay_start(old_total), decay_start(total)):
+            raise SystemExit(f"{ck}: at step {step}, past the decay start; cannot change total "
+                             f"{old_total} -> {total}")
+        log(f"{os.path.basename(ck)}: step total {old_total} -> {total} (before decay: same run)")
 
 
 def _make_opt(model, lr, wd, device):
@@ -145,7 +175,7 @@ def train_target(cfg, hp, train_ids, held_ids, work, device, seed, log):
         step, elapsed = st["step"], st["elapsed"]
         log(f"target: resuming at step {step}")
     total = hp["target_steps"]
-    warm = max(1, total // 50)
+    _check_total(ck, step, total, log)
     t0, last_ck = time.time() - elapsed, time.time()
     losses = []
     bar = tqdm(total=total, initial=step, desc="target", dynamic_ncols=True, mininterval=2)
@@ -153,7 +183,7 @@ def train_target(cfg, hp, train_ids, held_ids, work, device, seed, log):
     while step < total:
         x = sample_batch(train_ids, step, hp["batch"], hp["seq"], seed, device)
         for g in opt.param_groups:
-            g["lr"] = _lr_at(step, total, hp["target_lr"], warm)
+            g["lr"] = _lr_at(step, total, hp["target_lr"])
         with _autocast(device):
             logits = model(x[:, :-1])
         loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), x[:, 1:].reshape(-1))
@@ -168,7 +198,7 @@ def train_target(cfg, hp, train_ids, held_ids, work, device, seed, log):
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
         if time.time() - last_ck > 180 or step == total:
             _atomic_save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                          "elapsed": time.time() - t0}, ck)
+                          "elapsed": time.time() - t0, "total": total}, ck)
             last_ck = time.time()
     bar.close()
     wall = time.time() - t0
@@ -254,8 +284,8 @@ def train_drafter(dcfg, hp, target, train_ids, held_ids, dmap, work, device, see
         step, elapsed = st["step"], st["elapsed"]
         log(f"drafter: resuming at step {step}")
     total, ttt = hp["drafter_steps"], hp["ttt_steps"]
+    _check_total(ck, step, total, log)
     weights = [0.8**s for s in range(ttt)]
-    warm = max(1, total // 50)
     t0, last_ck = time.time() - elapsed, time.time()
     hist = []
     bar = tqdm(total=total, initial=step, desc="drafter", dynamic_ncols=True, mininterval=2)
@@ -263,7 +293,7 @@ def train_drafter(dcfg, hp, target, train_ids, held_ids, dmap, work, device, see
         # different data order from the target's (seed offset)
         x = sample_batch(train_ids, step, hp["batch"], hp["seq"], seed + 7919, device)
         for g in opt.param_groups:
-            g["lr"] = _lr_at(step, total, hp["drafter_lr"], warm)
+            g["lr"] = _lr_at(step, total, hp["drafter_lr"])
         with _autocast(device):
             loss, parts, accs = drafter_loss(drafter, target, x, dmap, ttt, weights)
         opt.zero_grad(set_to_none=True)
@@ -278,7 +308,7 @@ def train_drafter(dcfg, hp, target, train_ids, held_ids, dmap, work, device, see
             bar.set_postfix(loss=f"{loss.item():.3f}", acc="/".join(f"{v:.2f}" for v in a))
         if time.time() - last_ck > 180 or step == total:
             _atomic_save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step,
-                          "elapsed": time.time() - t0}, ck)
+                          "elapsed": time.time() - t0, "total": total}, ck)
             last_ck = time.time()
     bar.close()
     wall = time.time() - t0
@@ -369,7 +399,7 @@ def prepare_data(hp, work, log, stdlib_root=None):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="data/models")
-    ap.add_argument("--work-dir", default=None, help="checkpoints/cache (default training-work[-tiny])")
+    ap.add_argument("--work-dir", default=None, help="checkpoints/cache (default training-work/, training-work/tiny/ with --tiny)")
     ap.add_argument("--tiny", action="store_true", help="2 layers, 64 wide, a few steps (tests)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
@@ -394,12 +424,13 @@ def main(argv=None):
     device = pick_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    work = args.work_dir or ("training-work-tiny" if args.tiny else "training-work")
+    work = args.work_dir or (os.path.join("training-work", "tiny") if args.tiny else "training-work")
     os.makedirs(work, exist_ok=True)
     hp_path = os.path.join(work, "hparams.json")
     if os.path.exists(hp_path):
         old = json.load(open(hp_path))
-        if {k: old.get(k) for k in hp} != hp:
+        free = ("target_steps", "drafter_steps")  # checked against the schedule on resume
+        if {k: old.get(k) for k in hp if k not in free} != {k: v for k, v in hp.items() if k not in free}:
             raise SystemExit(f"{work} holds a run with other settings {old}; use another --work-dir")
     json.dump(hp, open(hp_path, "w"), indent=1)
     logf = open(os.path.join(work, "train.log"), "a")
