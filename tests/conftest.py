@@ -71,3 +71,9 @@ def alive(pids: set[int]) -> set[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that need the shared servers restarted (restart-time knobs) run last, so the
+    servers restart once rather than back and forth."""
+    items.sort(key=lambda item: item.get_closest_marker("restart") is not None)

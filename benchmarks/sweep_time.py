@@ -1,0 +1,44 @@
+"""Wall time of the default sweep, the time the engines were busy, and their ratio.
+
+    .venv/bin/python benchmarks/sweep_time.py [--out DIR] [--grid default] [--in-process]
+
+Runs the sweep from scratch into DIR (default: a fresh temporary directory) and prints the
+sweep's wall time, server start-up time, the engines' busy time (sum of request latencies
+over all runs) and busy / wall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from workbench import sweep
+from workbench.config import ExperimentConfig
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--grid", default="default")
+    ap.add_argument("--in-process", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="sweep-bench-"))
+    t = time.monotonic()
+    sweep.run_sweep(args.grid, out, ExperimentConfig(), use_papermill=not args.in_process,
+                    resume=False)
+    wall = time.monotonic() - t
+    results = sweep.load_results(out)
+    busy = sum(r.engine_seconds for r in results)
+    timing = json.loads((out / "sweep-timing.json").read_text())
+    starts = timing.get("startup_seconds", {})
+    print(f"sweep '{args.grid}': {len(results)} points, wall {wall:.1f} s")
+    print(f"engines busy {busy:.1f} s; busy / wall = {busy / wall:.2f}")
+    print(f"last server start-up: {', '.join(f'{k} {v:.1f} s' for k, v in starts.items())}")
+    print(f"output: {out}")
+
+
+if __name__ == "__main__":
+    main()

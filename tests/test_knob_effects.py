@@ -1,0 +1,133 @@
+"""Each knob's mechanism, on real vLLM servers on the CPU (one shared Session).
+
+Each test proves a mechanism: it fails if the knob did nothing, or if the knob's damage
+leaked into requests it should not touch.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+import pytest
+
+from conftest import tree_pids
+
+pytestmark = pytest.mark.vllm
+
+
+def knobs(cfg, **kv):
+    merged = dict(cfg.knobs)
+    merged.update(kv)
+    return replace(cfg, knobs=merged)
+
+
+@pytest.fixture(scope="module")
+def badcase_cfg(base_cfg):
+    return replace(base_cfg, prompt_set="badcase", num_prompts=12, max_tokens=32)
+
+
+def test_knob_changed_at_runtime_takes_effect_next_run_without_restart(pd_session, base_cfg):
+    cfg = replace(base_cfg, num_prompts=2, max_tokens=8)
+    first = pd_session.run(knobs(cfg, finalize="deferred", prefill_lookahead="default"))
+    pids = {r: tree_pids(s) for r, s in pd_session.servers.items()}
+    second = pd_session.run(knobs(cfg, finalize="eager", prefill_lookahead="0"))
+    assert {r: tree_pids(s) for r, s in pd_session.servers.items()} == pids, "servers restarted"
+    assert first.knobs["d"]["finalize"] == "deferred" and first.knobs["p"]["finalize"] == "deferred"
+    assert second.knobs["d"]["finalize"] == "eager" and second.knobs["p"]["finalize"] == "eager"
+    assert first.knobs["p"]["prefill_lookahead"] == "default"
+    assert second.knobs["p"]["prefill_lookahead"] == "0"
+    third = pd_session.run(cfg)
+    assert third.knobs["d"]["finalize"] == "deferred"
+
+
+def test_legacy_handoff_breaks_exactly_the_bad_case_requests(pd_session, badcase_cfg):
+    r = pd_session.run(knobs(badcase_cfg, block_handoff="legacy"))
+    affected = [q for q in r.requests if q["affected"]]
+    clean = [q for q in r.requests if not q["affected"]]
+    assert affected and clean
+    # P handed over its lookahead block for exactly the bad-case lengths.
+    for q in affected:
+        assert q["p_handed_blocks"] == -(-(q["prompt_len"] + badcase_cfg.k_p) // badcase_cfg.block_size)
+    for q in clean:
+        assert q["agree"], f"request {q['id']} (N={q['prompt_len']}) is not in the bad case"
+    hurt = [q for q in affected
+            if not q["agree"] or q["pd"]["accepted_per_pos"] != q["baseline"]["accepted_per_pos"]]
+    assert len(hurt) == len(affected), [(q["id"], q["prompt_len"], q["agree"]) for q in affected]
+
+
+@pytest.mark.parametrize("fix", [{"block_handoff": "clipped"},
+                                 {"block_handoff": "legacy", "prefill_lookahead": "0"}])
+def test_clipped_handoff_or_no_prefill_lookahead_restores_every_request(pd_session, badcase_cfg,
+                                                                       fix):
+    r = pd_session.run(knobs(badcase_cfg, **fix))
+    assert r.token_agreement == 1.0, [(q["id"], q["prompt_len"]) for q in r.requests
+                                      if not q["agree"]]
+    for q in r.requests:
+        assert q["pd"]["accepted_per_pos"] == q["baseline"]["accepted_per_pos"], q["id"]
+
+
+def test_dirty_blocks_hurt_more_than_zeroed_when_d_loads_only_the_last_block(pd_session,
+                                                                              base_cfg):
+    cfg = replace(base_cfg, prompt_set="lastblock", num_prompts=8, max_tokens=32)
+    out = {}
+    for blocks in ("zeroed", "dirty"):
+        r = pd_session.run(knobs(cfg, block_handoff="legacy", blocks=blocks))
+        assert r.knobs["p"]["blocks"] == blocks
+        rows = [q for q in r.requests if q["affected"]]
+        assert rows and all(q["pd"]["prefix_cache_hits"] > 0 for q in rows), \
+            "D did not reuse the primed prefix: it loaded more than the last block"
+        first = [q["first_diff"] if q["first_diff"] is not None else cfg.max_tokens for q in rows]
+        out[blocks] = {"agree": sum(q["agree"] for q in rows), "first": statistics.mean(first),
+                       "acc0": sum(q["pd"]["accepted_per_pos"][0] for q in rows)
+                       / max(1, sum(q["pd"]["num_drafts"] for q in rows))}
+    assert out["dirty"]["agree"] <= out["zeroed"]["agree"], out
+    assert out["dirty"]["first"] < out["zeroed"]["first"], out
+
+
+@pytest.fixture(scope="module")
+def staged(pd_session, base_cfg):
+    """transfer=host-staged needs a restart (the staging buffer is registered with NIXL at
+    start-up); run its three settings on one restarted server set."""
+    cfg = knobs(replace(base_cfg, num_prompts=12, max_tokens=32), transfer="host-staged")
+    runs = {
+        name: pd_session.run(knobs(cfg, **kv))
+        for name, kv in {
+            "deferred-dirty": {"finalize": "deferred", "blocks": "dirty"},
+            "eager-dirty": {"finalize": "eager", "blocks": "dirty"},
+            "eager-zeroed": {"finalize": "eager", "blocks": "zeroed"},
+        }.items()
+    }
+    return runs
+
+
+@pytest.mark.restart
+def test_host_staged_transfer_is_in_force(staged):
+    for r in staged.values():
+        assert r.knobs["p"]["transfer"] == "host-staged" and r.knobs["d"]["transfer"] == "host-staged"
+
+
+@pytest.mark.restart
+def test_eager_finalize_with_host_staging_starves_the_drafter_only(staged):
+    r = staged["eager-dirty"]
+    assert r.token_agreement == 1.0, "eager finalize must damage the drafter's KV only"
+    for pos, (pd_rate, base_rate) in enumerate(zip(r.pd["per_position"],
+                                                   r.baseline["per_position"])):
+        assert pd_rate < base_rate, (pos, r.pd["per_position"], r.baseline["per_position"])
+
+
+@pytest.mark.restart
+def test_deferred_finalize_with_host_staging_keeps_parity(staged):
+    r = staged["deferred-dirty"]
+    assert r.token_agreement == 1.0
+    for pd_rate, base_rate in zip(r.pd["per_position"], r.baseline["per_position"]):
+        assert pd_rate == pytest.approx(base_rate, rel=0.02, abs=1e-12)
+
+
+@pytest.mark.restart
+def test_zeroed_blocks_are_reported_next_to_dirty(staged):
+    """Zeros can hide the damage: the workbench reports both and does not assume which."""
+    z, d = staged["eager-zeroed"], staged["eager-dirty"]
+    assert z.knobs["p"]["blocks"] == "zeroed" and d.knobs["p"]["blocks"] == "dirty"
+    assert z.token_agreement == 1.0
+    assert z.pd["acceptance_length"] >= d.pd["acceptance_length"]
