@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+
 import psutil
 import pytest
 
@@ -18,7 +19,26 @@ def tiny_pair(tmp_path_factory) -> tuple[str, str]:
     reproduce the baseline token for token."""
     from workbench.training.tiny import make_random_pair
 
-    return make_random_pair(tmp_path_factory.mktemp("tiny-pair"))
+    target, drafter = make_random_pair(tmp_path_factory.mktemp("tiny-pair"))
+    amplify(target, gain=4.0)
+    return target, drafter
+
+
+def amplify(model_dir: str, gain: float) -> None:
+    """Scale a random target's layer weights so its greedy output depends on the context.
+
+    At initialisation scale the residual stream carries the last token through almost
+    untouched (output: the last prompt token, repeated), so a KV corruption could not change
+    a single token; with every projection x4 the prefix matters, as in a trained model.
+    """
+    from safetensors.torch import load_file, save_file
+
+    path = Path(model_dir) / "model.safetensors"
+    weights = load_file(path)
+    for name, w in weights.items():
+        if w.dim() == 2 and "embed" not in name and "lm_head" not in name:
+            weights[name] = w * gain
+    save_file(weights, path, metadata={"format": "pt"})
 
 
 def trained_pair_available() -> bool:

@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from workbench import cli, servers
-from workbench.config import ConfigError, ExperimentConfig
+from workbench.config import ExperimentConfig
 from workbench.knobs import spec as knob_spec
 
 

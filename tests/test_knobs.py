@@ -230,7 +230,9 @@ def test_v1_finalize_targets():
     from workbench.knobs import finalize
 
     _check(finalize.V1_TARGETS)
-    from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin as M
+    from vllm.v1.worker.kv_connector_model_runner_mixin import (
+        KVConnectorModelRunnerMixin as M,
+    )
 
     # both are static methods the runner calls through self
     for name in ("maybe_get_kv_connector_output", "finalize_kv_connector"):
@@ -378,3 +380,87 @@ def test_control_thread_is_daemon(tmp_path, monkeypatch):
     finally:
         comp._stop.set()
         comp._thread.join(2)
+
+
+@pytest.fixture()
+def unpatch():
+    from workbench.knobs import _patch, finalize
+
+    yield
+    _patch.unpatch_all()
+    finalize._state.update(eager=False, pending_skips=0)
+
+
+def test_v1_eager_finalize_wrappers(unpatch):
+    """The V1 wrappers: eager forces defer_finalize=False and skips the matching finalize."""
+    from vllm.v1.worker.kv_connector_model_runner_mixin import (
+        KVConnectorModelRunnerMixin as M,
+    )
+
+    from workbench.knobs import finalize
+
+    finalize.install_v1()
+    finalize.install_v1()  # idempotent
+    seen = []
+    orig = M.__dict__["_get_kv_connector_output"]
+    M._get_kv_connector_output = staticmethod(lambda so, defer_finalize=False: seen.append(defer_finalize))
+    try:
+        import vllm.v1.worker.kv_connector_model_runner_mixin as mixin
+
+        mp = pytest.MonkeyPatch()
+        mp.setattr(mixin, "has_kv_transfer_group", lambda: True)
+        finalized = []
+        mp.setattr(mixin, "get_kv_transfer_group",
+                   lambda: type("C", (), {"wait_for_save": lambda s: finalized.append("save"),
+                                          "clear_connector_metadata": lambda s: finalized.append("clear")})())
+        finalize._state["eager"] = False
+        M.maybe_get_kv_connector_output(object(), defer_finalize=True)
+        M.finalize_kv_connector()
+        assert seen == [True] and finalized == ["save", "clear"]
+        finalize._state["eager"] = True
+        M.maybe_get_kv_connector_output(object(), defer_finalize=True)
+        M.finalize_kv_connector()
+        assert seen == [True, False] and finalized == ["save", "clear"]  # skipped
+        M.finalize_kv_connector()  # nothing pending: runs
+        assert finalized == ["save", "clear", "save", "clear"]
+        mp.undo()
+    finally:
+        M._get_kv_connector_output = orig
+
+
+def test_mrv2_eager_order_on_fake_connector_no_gpu(unpatch):
+    """Model Runner V2 wrappers on a fake connector: eager finalizes at finish_forward (before
+    the speculator) and post_forward then returns that output without finalizing again."""
+    from unittest import mock
+
+    from vllm.v1.worker.gpu.kv_connector import ActiveKVConnector
+
+    from workbench.knobs import finalize
+
+    finalize.install_v2()
+
+    def make():
+        a = object.__new__(ActiveKVConnector)
+        a.kv_connector = mock.MagicMock()
+        a._disabled = False
+        a._pending_load_kwargs = None
+        return a
+
+    so = mock.MagicMock(has_sync_kv_loads=False, finished_req_ids={"r1"})
+    for eager in (False, True):
+        finalize._state["eager"] = eager
+        a = make()
+        a.pre_forward(so)
+        a._pending_load_kwargs = None  # no load this step (avoids a forward context)
+        a.finish_forward()
+        at_finish = [c[0] for c in a.kv_connector.method_calls]
+        out = a.post_forward({"r1"})
+        after = [c[0] for c in a.kv_connector.method_calls][len(at_finish):]
+        assert out is not None
+        if eager:
+            assert "wait_for_save" in at_finish and "clear_connector_metadata" in at_finish
+            assert "wait_for_save" not in after and "clear_connector_metadata" not in after
+            a.kv_connector.get_transfer_results.assert_called_once_with({"r1"})
+        else:
+            assert "wait_for_save" not in at_finish
+            assert "wait_for_save" in after and "clear_connector_metadata" in after

@@ -71,10 +71,24 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     return ExperimentConfig.from_dict(data)
 
 
+def parse_attach(text: str | None) -> dict[str, str] | None:
+    """``p=URL,d=URL,baseline=URL`` -> {role: url}."""
+    if not text:
+        return None
+    urls = {}
+    for part in text.split(","):
+        role, sep, url = part.partition("=")
+        if not sep or role.strip() not in ("p", "d", "baseline"):
+            raise ConfigError(f"--attach {text!r}: expected p=URL,d=URL[,baseline=URL]")
+        urls[role.strip()] = url.strip()
+    return urls
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from . import experiment
 
     cfg = config_from_args(args)
+    urls = parse_attach(args.attach)
     out = Path(args.out)
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "workbench", *sys.argv[1:]])
     bar = None
@@ -88,7 +102,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             bar.set_postfix_str(phase)
             bar.update(done - bar.n)
 
-        result = experiment.run(cfg, progress=progress, command=command, out_dir=out)
+        if urls:
+            session = experiment.Session.attach(urls, knobs_file=args.knobs_file,
+                                                state_dir=args.state_dir)
+            with session:
+                result = session.run(cfg, progress=progress, command=command, out_dir=out)
+        else:
+            result = experiment.run(cfg, progress=progress, command=command, out_dir=out)
     finally:
         if bar is not None:
             bar.close()
@@ -137,6 +157,30 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from .experiment import Session
+
+    cfg = config_from_args(args)
+    if args.no_baseline:
+        cfg.run_baseline = False
+    with Session(args.log_dir) as s:
+        s.ensure(cfg)
+        info = {"urls": {r: v.url for r, v in s.servers.items()},
+                "knobs_file": str(s.knobs_file), "state_dir": str(s.state_dir),
+                "logs": {r: str(v.spec.log_path) for r, v in s.servers.items()}}
+        print(json.dumps(info), flush=True)
+        attach = ",".join(f"{r}={u}" for r, u in info["urls"].items())
+        print(f"attach with: python -m workbench run --attach {attach} --knobs-file "
+              f"{info['knobs_file']} --state-dir {info['state_dir']} --out DIR", flush=True)
+        while all(v.alive() for v in s.servers.values()):
+            time.sleep(1)
+        print("a server exited; stopping the others", flush=True)
+    return 1
+
+
 def _report(result) -> str:
     lines = []
     for side in ("baseline", "pd"):
@@ -157,7 +201,16 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run one experiment and write DIR/result.json")
     _add_experiment_args(run)
     run.add_argument("--out", required=True, help="output directory")
+    run.add_argument("--attach", help="use running servers instead of starting any: "
+                     "p=URL,d=URL[,baseline=URL]")
+    run.add_argument("--knobs-file", help="attach mode: the servers' WORKBENCH_KNOBS_FILE")
+    run.add_argument("--state-dir", help="attach mode: the servers' WORKBENCH_KNOBS_STATE_DIR")
     run.set_defaults(func=cmd_run)
+    sv = sub.add_parser("serve", help="start P, D and the baseline and keep them up until "
+                        "Ctrl-C; prints how to attach to them")
+    _add_experiment_args(sv)
+    sv.add_argument("--log-dir", default=None, help="server logs and the knob channel")
+    sv.set_defaults(func=cmd_serve)
     sw = sub.add_parser("sweep", help="run a grid of knob settings through papermill, "
                         "resumable; aggregate into results.csv and figures")
     _add_experiment_args(sw)

@@ -176,3 +176,42 @@ def all_figures(results: Sequence[Result], out_dir) -> list[Path]:
     for fn in (per_position, relative_error, split_affected, token_agreement):
         out += fn(results, out_dir)
     return out
+
+
+def per_position_spread(groups: Sequence[Sequence[Result]], out_dir,
+                        stem="per_position_spread") -> list[Path]:
+    """Per-position acceptance on D for settings run several times (the explorer's repeats):
+    one bar per setting at the mean over its repeats, whiskers from min to max, and the
+    baseline's mean as a marker with its own min-max whisker. One repeat: no whiskers."""
+    groups = [[r for r in g if r.pd] for g in groups]
+    groups = [g for g in groups if g]
+    with plt.rc_context(STYLE):
+        k = _positions([r for g in groups for r in g])
+        fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(groups) + 2), 3.2))
+        width = 0.8 / max(1, len(groups))
+        x = np.arange(k)
+        for i, g in enumerate(groups):
+            xs = x - 0.4 + width * (i + 0.5)
+            pd_ = np.array([r.pd["per_position"] for r in g], dtype=float)
+            mean = pd_.mean(axis=0)
+            err = None
+            if len(g) > 1:
+                err = np.vstack([mean - pd_.min(axis=0), pd_.max(axis=0) - mean])
+            name = label(g[0]) + (f" (n={len(g)})" if len(g) > 1 else "")
+            ax.bar(xs, mean, width, yerr=err, capsize=3, label=name)
+            base = np.array([r.baseline["per_position"] for r in g if r.baseline], dtype=float)
+            if len(base):
+                bmean = base.mean(axis=0)
+                berr = (np.vstack([bmean - base.min(axis=0), base.max(axis=0) - bmean])
+                        if len(base) > 1 else None)
+                ax.errorbar(xs, bmean, yerr=berr, fmt="_", color=BASELINE_COLOR, ms=12, mew=2,
+                            capsize=2, elinewidth=0.8)
+        ax.plot([], [], "_", color=BASELINE_COLOR, ms=12, mew=2, label="standalone baseline")
+        ax.set_xticks(x, [f"position {i}" for i in range(k)])
+        ax.set_ylabel("per-position acceptance on D")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=7, loc="upper right", ncol=1)
+        ax.set_title("Draft acceptance under PD vs the standalone baseline"
+                     + (" (mean, min-max over repeats)" if any(len(g) > 1 for g in groups)
+                        else ""))
+        return save(fig, out_dir, stem, provenance([r for g in groups for r in g]))

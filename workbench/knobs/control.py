@@ -36,8 +36,9 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import spec
 
@@ -108,7 +109,7 @@ def write_control(path: str | os.PathLike, version: int, knobs: dict[str, str], 
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ValueError(f"control version {version!r} must be an integer >= 1")
     if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"seed {seed!r} must be an integer")
+        raise ValueError(f"seed {seed!r} must be an integer")  # noqa: TRY004
     doc = {"version": version, "knobs": spec.validate(dict(knobs)), "seed": seed}
     atomic_write_json(path, doc)
     return doc
@@ -260,10 +261,10 @@ def log(msg: str) -> None:
 Applier = Callable[["Component", dict, int], "tuple[dict[str, str], dict[str, Any]]"]
 
 _registry_lock = threading.Lock()
-_components: dict[str, "Component"] = {}
+_components: dict[str, Component] = {}
 
 
-def component(name: str) -> "Component | None":
+def component(name: str) -> Component | None:
     return _components.get(name)
 
 
@@ -365,6 +366,7 @@ class Component:
     # -- applying ----------------------------------------------------------------------
     def apply(self, doc: dict | None) -> None:
         """Apply a control document (None: defaults, version 0)."""
+        t_start = time.monotonic()
         version = 0
         seed = 0
         requested = spec.defaults()
@@ -374,13 +376,14 @@ class Component:
             seed = doc.get("seed", 0)
             try:
                 if not isinstance(version, int):
-                    raise ValueError(f"control version {version!r} is not an integer")
+                    raise ValueError(f"control version {version!r} is not an integer")  # noqa: TRY004
                 if not isinstance(seed, int):
-                    raise ValueError(f"control seed {seed!r} is not an integer")
+                    raise ValueError(f"control seed {seed!r} is not an integer")  # noqa: TRY004
                 requested = spec.validate(dict(doc.get("knobs") or {}))
             except ValueError as e:
                 errors.append(str(e))
                 requested = dict(self.requested)
+        self.unreachable = {}
         # Restart-time knobs come from the environment, never from the control file.
         env_transfer = os.environ.get(spec.ENV_TRANSFER, spec.KNOBS["transfer"].default)
         if requested.get("transfer") != env_transfer and doc is not None and not errors:
@@ -395,26 +398,31 @@ class Component:
             self.requested = requested
             self.events = {}
             self.errors = errors
+        if errors:  # nothing was applied: what was in force stays in force
+            log(f"{self.name} role={self.role} rejected version {self.version}: {errors}")
+            self.write_state()
+            return
         knobs: dict[str, str] = {}
-        if not errors:
-            for mech, fn in self.appliers:
-                t0 = time.monotonic()
-                try:
-                    in_force, events = fn(self, requested, self.seed)
-                except Exception as e:  # report, keep the process alive
-                    tb = traceback.format_exc(limit=4)
-                    log(f"{self.name}: applying {mech} failed: {e}\n{tb}")
-                    with self.lock:
-                        self.errors.append(f"{mech}: {type(e).__name__}: {e}")
-                    continue
-                knobs.update(in_force)
+        for mech, fn in self.appliers:
+            t0 = time.monotonic()
+            try:
+                in_force, events = fn(self, requested, self.seed)
+            except Exception as e:  # noqa: BLE001 - report, keep the process alive
+                tb = traceback.format_exc(limit=4)
+                log(f"{self.name}: applying {mech} failed: {e}\n{tb}")
                 with self.lock:
-                    if events:
-                        self.events.setdefault(mech, {}).update(events)
-                    self.events.setdefault(mech, {})["apply_s"] = round(time.monotonic() - t0, 4)
+                    self.errors.append(f"{mech}: {type(e).__name__}: {e}")
+                continue
+            knobs.update(in_force)
+            with self.lock:
+                if events:
+                    self.events.setdefault(mech, {}).update(events)
+                self.events.setdefault(mech, {})["apply_s"] = round(time.monotonic() - t0, 4)
         with self.lock:
             self.knobs = {k: v for k, v in knobs.items() if k in OWNED[self.name]}
-        log(f"{self.name} role={self.role} applied version {self.version}: {self.knobs}"
+            self.events["apply_seconds"] = round(time.monotonic() - t_start, 3)
+        log(f"{self.name} role={self.role} applied version {self.version} in "
+            f"{self.events['apply_seconds']} s: {self.knobs}"
             + (f" ERRORS {self.errors}" if self.errors else ""))
         self.write_state()
 
@@ -449,7 +457,7 @@ class Component:
                         self.apply(doc)
                 if self._dirty and time.monotonic() - self._last_flush >= EVENT_FLUSH_S:
                     self.write_state()
-            except Exception as e:  # never let the thread die silently
+            except Exception as e:  # noqa: BLE001 - never let the thread die silently
                 log(f"{self.name}: control thread error: {e}\n{traceback.format_exc(limit=4)}")
                 time.sleep(1.0)
 

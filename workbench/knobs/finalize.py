@@ -25,7 +25,8 @@ from typing import Any
 
 from . import _patch, control
 
-_state = {"eager": False, "skip_next_finalize": False}
+# pending_skips: steps whose deferral was forced off and whose later finalize is still due
+_state = {"eager": False, "pending_skips": 0}
 _NOTHING = object()
 
 V1_TARGETS = (
@@ -50,13 +51,15 @@ def _comp():
 
 
 def install_v1() -> None:
-    from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin as M
+    from vllm.v1.worker.kv_connector_model_runner_mixin import (
+        KVConnectorModelRunnerMixin as M,
+    )
 
     def make_maybe(orig):
         def maybe_get_kv_connector_output(scheduler_output, defer_finalize: bool = False):
             if _state["eager"] and defer_finalize:
                 defer_finalize = False
-                _state["skip_next_finalize"] = True
+                _state["pending_skips"] += 1
                 c = _comp()
                 if c is not None:
                     c.bump("finalize", "eager_steps")
@@ -66,8 +69,8 @@ def install_v1() -> None:
 
     def make_finalize(orig):
         def finalize_kv_connector() -> None:
-            if _state["skip_next_finalize"]:
-                _state["skip_next_finalize"] = False
+            if _state["pending_skips"] > 0:
+                _state["pending_skips"] -= 1
                 c = _comp()
                 if c is not None:
                     c.bump("finalize", "finalize_skipped")
@@ -132,11 +135,14 @@ def install(runner: str) -> None:
 def apply(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[str, Any]]:
     value = knobs["finalize"]
     _state["eager"] = value == "eager"
-    _state["skip_next_finalize"] = False
+    _state["pending_skips"] = 0
     events: dict[str, Any] = {"mode": value, "runner": comp.runner,
                               "eager_steps": 0, "finalize_skipped": 0}
     try:
-        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+        from vllm.distributed.kv_transfer import (
+            get_kv_transfer_group,
+            has_kv_transfer_group,
+        )
 
         if not has_kv_transfer_group():
             events["note"] = "no KV connector in this server: finalize timing has no effect"
@@ -145,6 +151,6 @@ def apply(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[s
             if w is not None and not getattr(w, "use_host_buffer", False):
                 events["note"] = ("NIXL without host staging reads the KV memory directly: "
                                   "finalize timing changes nothing the transfer sees")
-    except Exception as e:  # informational only
+    except Exception as e:  # noqa: BLE001 - informational only
         events["note"] = f"could not inspect the KV connector: {e}"
     return {"finalize": value}, events

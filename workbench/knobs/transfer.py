@@ -90,7 +90,7 @@ def install() -> None:
                 c.bump("transfer", "h2d_requests_synced")
                 try:
                     _record_received(c, self, meta)
-                except Exception as e:  # diagnostics only
+                except Exception as e:  # noqa: BLE001 - diagnostics only
                     c.note("transfer", "received_rms_error", f"{type(e).__name__}: {e}")
             return out
 
@@ -128,16 +128,23 @@ def _record_received(comp: control.Component, worker, meta) -> None:
         return
     runner = getattr(comp.obj, "model_runner", None)
     drafter = getattr(getattr(runner, "drafter", None), "_draft_attn_layer_names", None) or set()
-    sums = {"target": [0.0, 0], "drafter": [0.0, 0]}
-    idx = torch.tensor(ids, dtype=torch.long)
-    with torch.no_grad():
-        for name, kv in worker.device_kv_caches.items():
-            x = kv.index_select(0, idx.to(kv.device)).float()
-            key = "drafter" if name in drafter else "target"
-            sums[key][0] += float(x.pow(2).sum())
-            sums[key][1] += x.numel()
-    rms = {k: (round((s / n) ** 0.5, 4) if n else None) for k, (s, n) in sums.items()}
-    comp.append("transfer", "received_rms", {"blocks": len(ids), **rms}, keep=50)
+
+    def rms_of(block_ids):
+        sums = {"target": [0.0, 0], "drafter": [0.0, 0]}
+        idx = torch.tensor(block_ids, dtype=torch.long)
+        with torch.no_grad():
+            for name, kv in worker.device_kv_caches.items():
+                x = kv.index_select(0, idx.to(kv.device)).float()
+                key = "drafter" if name in drafter else "target"
+                sums[key][0] += float(x.pow(2).sum())
+                sums[key][1] += x.numel()
+        return {k: (round((s / n) ** 0.5, 4) if n else None) for k, (s, n) in sums.items()}
+
+    # The first block is always fully written by P's prompt (a partial last block holds
+    # never-written slots whatever the knobs, so it is reported apart).
+    comp.append("transfer", "received_rms", {
+        "blocks": len(ids), "first_block": rms_of(ids[:1]), "all_blocks": rms_of(ids),
+    }, keep=50)
 
 
 def _read_back(obj) -> tuple[str, dict[str, Any]]:
@@ -165,11 +172,14 @@ def apply_engine(comp: control.Component, knobs: dict, seed: int) -> tuple[dict,
 def apply_worker(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[str, Any]]:
     w = None
     try:
-        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+        from vllm.distributed.kv_transfer import (
+            get_kv_transfer_group,
+            has_kv_transfer_group,
+        )
 
         if has_kv_transfer_group():
             w = getattr(get_kv_transfer_group(), "connector_worker", None)
-    except Exception:
+    except Exception:  # noqa: BLE001
         w = None
     value, ev = _read_back(w)
     ev.setdefault("d2h_requests_staged", 0)

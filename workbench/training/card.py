@@ -87,8 +87,8 @@ def write_card(out_dir: str):
       f"{info['target_params']:,} parameters.")
     w(f"Trained {t['steps']} steps of {hp['batch']} x {hp['seq']} tokens (each window is BOS + a random "
       f"slice of the token stream): {t['tokens_seen']:,} tokens, {t['epochs']:.2f} epochs, "
-      f"{t['wall_s'] / 60:.1f} min. AdamW (0.9, 0.95), peak lr {hp['target_lr']}, cosine to 10%, weight "
-      f"decay {hp['weight_decay']}, no dropout, grad clip 1.0.")
+      f"{t['wall_s'] / 60:.1f} min. AdamW (0.9, 0.95), lr {hp['target_lr']} after a 100-step warmup, "
+      f"cosine to 10% over the last 25% of steps, weight decay {hp['weight_decay']}, no dropout, grad clip 1.0.")
     w(f"Held-out: loss {t['heldout']['loss']:.3f}, perplexity {t['heldout']['ppl']:.2f}, next-token top-1 "
       f"{t['heldout']['top1']:.3f} (training sample: ppl {t['train_sample']['ppl']:.2f}).")
     w("")

@@ -31,7 +31,7 @@ from . import tok as tok_mod
 from .model import DrafterConfig, Eagle3Drafter, Llama, TargetConfig, count_params
 
 FULL = dict(
-    vocab=2048, layers=6, hidden=256, inter=704, heads=4, seq=384, batch=10,
+    vocab=2048, layers=6, hidden=192, inter=512, heads=4, seq=384, batch=10,
     target_steps=1500, target_lr=2e-3, drafter_steps=600, drafter_lr=1.5e-3,
     draft_vocab=1024, ttt_steps=3, weight_decay=0.1, max_files=None,
 )
@@ -196,7 +196,7 @@ def train_target(cfg, hp, train_ids, held_ids, work, device, seed, log):
         bar.update(1)
         if step % 20 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
-        if time.time() - last_ck > 180 or step == total:
+        if time.time() - last_ck > 120 or step == total:
             _atomic_save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                           "elapsed": time.time() - t0, "total": total}, ck)
             last_ck = time.time()
@@ -306,7 +306,7 @@ def train_drafter(dcfg, hp, target, train_ids, held_ids, dmap, work, device, see
         if step % 10 == 0:
             a = np.mean(hist[-20:], axis=0)
             bar.set_postfix(loss=f"{loss.item():.3f}", acc="/".join(f"{v:.2f}" for v in a))
-        if time.time() - last_ck > 180 or step == total:
+        if time.time() - last_ck > 120 or step == total:
             _atomic_save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step,
                           "elapsed": time.time() - t0, "total": total}, ck)
             last_ck = time.time()

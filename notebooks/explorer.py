@@ -1,0 +1,74 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Knob explorer
+#
+# Set the knobs, the servers' k, the prompts and the number of repeats, press **Run**: the
+# panel runs the baseline and the PD pipeline (P then D over NIXL) on the servers it keeps up,
+# and redraws per-position acceptance on D against the baseline (min-max over repeats) and
+# the results table. **Export** writes the figures (PNG/SVG/PDF, provenance in their metadata)
+# and the CSVs. ↻ marks settings that restart the servers; the knobs' meaning and the vLLM
+# source each one changes are in `tour.ipynb` and `workbench/knobs/spec.py`.
+#
+# Headless (`papermill -p interactive False`), the notebook runs each entry of `runs` through
+# the same code path as the Run button (`KnobExplorer.run_once`) and shows the figure and table.
+
+# %% tags=["parameters"]
+interactive = True  # False: run `runs` without widgets (papermill, CI)
+runs = [{}, {"block_handoff": "legacy"}]  # headless: one run per dict (knobs and/or controls)
+num_prompts = 8
+max_tokens = 32
+prompt_set = "indomain"  # "random" for a randomly initialised pair
+repeats = 1
+k_p = 1  # P's num_speculative_tokens
+k_d = 3  # D's and the baseline's num_speculative_tokens
+target = ""  # "" = data/models/target (the trained pair)
+drafter = ""  # "" = data/models/drafter
+config = {}  # any other ExperimentConfig fields
+attach = {}  # use running servers instead of starting them (see workbench.widgets.open_session)
+out_dir = "../data/runs/explorer"
+
+# %%
+from pathlib import Path
+
+from IPython.display import Image, display
+
+from workbench.widgets import KnobExplorer, notebook_config, open_session
+
+out = Path(out_dir)
+base = notebook_config(config, target=target, drafter=drafter, num_prompts=num_prompts,
+                       max_tokens=max_tokens, prompt_set=prompt_set, k_p=k_p, k_d=k_d)
+session = open_session(attach, log_dir=out / "logs", baseline_cache=out / "baseline-cache")
+explorer = KnobExplorer(base, session, out_dir=out, echo=not interactive)
+explorer.set_values(repeats=repeats)
+if interactive:
+    display(explorer)
+
+# %%
+if not interactive:
+    for values in runs:
+        explorer.set_values(**values)
+        explorer.run_once()
+    exported = explorer.export(out / "export")
+    print(f"exported {len(exported)} files to {out / 'export'}")
+    display(Image(data=explorer.plot.value))
+    display(explorer.table().round(4))
+
+# %% [markdown]
+# The servers stay up while this kernel runs (one session for every click); they stop when
+# the kernel exits, or run `session.close()`.
+
+# %%
+if not interactive:
+    session.close()

@@ -1,0 +1,188 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Tour: speculative-decoding acceptance under PD disaggregation, on this CPU
+#
+# This notebook starts the real pipeline: a **prefill** vLLM server (P, EAGLE3 with
+# `k_p` draft tokens), a **decode** server (D, `k_d` draft tokens) that receives P's KV cache
+# over **NIXL**, and a **standalone baseline** server (same model pair and `k_d`, no PD).
+# Every prompt goes to the baseline, then through P and D (one at a time, greedy), and the
+# workbench reads the speculative-decoding counters from each server's `/metrics` before and
+# after each request. The number that matters is the **per-position acceptance on D**:
+# at position *i*, the share of drafts whose tokens 0..*i* were all accepted. A correct PD
+# pipeline matches the baseline (and, greedy, its tokens).
+#
+# Then it runs the same prompts with one or more **knobs** set: each knob re-creates a
+# historical vLLM bug (or its fix) inside the servers' processes, and reads back what is in
+# force. The servers start once (30-45 s each on this CPU) and stay up for every later run.
+
+# %% tags=["parameters"]
+num_prompts = 8  # prompts per run
+max_tokens = 32  # new tokens per request
+prompt_set = "indomain"  # "indomain", "mt_bench", "badcase", "lastblock", "random" (random pair)
+target = ""  # target model directory; "" = data/models/target (the trained pair)
+drafter = ""  # EAGLE3 drafter directory; "" = data/models/drafter
+config = {}  # any other ExperimentConfig fields, e.g. {"k_d": 2}
+knobs = {"block_handoff": "legacy"}  # the second run's knobs ({} skips the second run)
+knob_prompt_set = "badcase"  # the second run's prompt set ("" = prompt_set)
+attach = {}  # use running servers instead of starting them (see workbench.widgets.open_session)
+out_dir = "../data/runs/tour"
+
+# %%
+from dataclasses import replace
+from pathlib import Path
+
+from IPython.display import display
+
+from workbench import plots
+from workbench.experiment import with_knobs
+from workbench.knobs import spec
+from workbench.widgets import (
+    acceptance_frame,
+    knob_table,
+    notebook_config,
+    open_session,
+    show_figure,
+)
+
+out = Path(out_dir)
+cfg = notebook_config(config, target=target, drafter=drafter, num_prompts=num_prompts,
+                      max_tokens=max_tokens, prompt_set=prompt_set, label="all fixes in place")
+session = open_session(attach, log_dir=out / "logs", baseline_cache=out / "baseline-cache")
+print("target:", cfg.target, "| drafter:", cfg.drafter, "| k on P:", cfg.k_p, "| k on D:", cfg.k_d)
+print("server logs:", session.log_dir)
+
+# %% [markdown]
+# ## 1. Every fix in place: PD against the baseline
+#
+# The first run starts the three servers (about a minute here), then measures the baseline
+# and the PD pipeline on the same prompts. `result.json` keeps the configuration, the knob
+# values read back from each server, every request's counters and tokens.
+
+# %%
+fixed = session.run(cfg, out_dir=out / "fixed",
+                    progress=lambda phase, done, total: done == total and print(f"{phase}: {done}/{total}"))
+print(f"{fixed.num_prompts} prompts in {fixed.wall_seconds:.1f} s; token agreement "
+      f"{fixed.token_agreement}; knobs in force on D: {fixed.knobs['d']}")
+acceptance_frame([fixed]).round(4)
+
+# %%
+show_figure(plots.per_position([fixed], out / "figures", stem="per_position_fixed"))
+
+# %% [markdown]
+# ## 2. The knobs
+#
+# Each knob is switched inside the vLLM processes by the workbench's plugin
+# (`workbench/knobs/`, loaded through vLLM's `vllm.general_plugins` entry point in every
+# process). The values are read back from the processes, never echoed from the request.
+# The table below is generated from `workbench/knobs/spec.py`, the single list of knobs.
+
+# %%
+knob_table()
+
+# %% [markdown]
+# **`finalize`** (`deferred` / `eager`): when the KV connector is finalized in a step.
+# Source: `vllm/v1/worker/kv_connector_model_runner_mixin.py`,
+# `KVConnectorModelRunnerMixin.maybe_get_kv_connector_output(scheduler_output, defer_finalize=...)`
+# and `finalize_kv_connector()`; `execute_model` passes `defer_finalize = speculative_config is not None`
+# and `sample_tokens` finalizes after `propose_draft_token_ids` (Model Runner V2:
+# `ActiveKVConnector.post_forward` / `finalize_step` in `vllm/v1/worker/gpu/kv_connector.py`).
+# `eager` restores the old order: the connector is finalized (metadata cleared, `wait_for_save()`)
+# right after the target's forward, *before* the EAGLE3 drafter wrote its KV. It shows only
+# where finalize copies something: NIXL on a CPU KV buffer sets `use_host_buffer = False`
+# (`vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py`) and D reads P's memory
+# directly, so with `transfer=direct` expect parity; use `transfer=host-staged`.
+# Runtime switch, no restart.
+#
+# **`prefill_lookahead`** (`default` / `0`): P's scheduler lookahead, `Scheduler.num_lookahead_tokens`
+# in `vllm/v1/core/sched/scheduler.py` (set after `Scheduler.__init__`; with EAGLE it defaults to
+# P's `num_speculative_tokens`). With lookahead L > 0, P allocates `ceil((N + L) / block_size)`
+# blocks for an N-token prompt while D allocates `ceil(N / block_size)` (D withholds lookahead while a
+# request loads asynchronously: `limit_lookahead_tokens` in the same file). `0` is the proposed
+# change that gives P nothing extra to hand over. Runtime switch, no restart.
+#
+# **`block_handoff`** (`clipped` / `legacy`): which block ids P reports to D when a request finishes.
+# Source: `KVCacheManager.get_block_ids_for_computed_tokens` (`vllm/v1/core/kv_cache_manager.py`),
+# which clips each group's ids to `cdiv(num_computed_tokens, block_size)` (the fix, vLLM 0.25+).
+# `legacy` returns the unclipped ids: when P holds one block more than D, D's NIXL worker
+# (`_apply_prefix_caching` in `nixl/base_worker.py`) keeps the tail `prefill_blocks[-num_decode_blocks:]`
+# and the whole mapping shifts by a block. Only prompts with `ceil((N+L)/bs) > ceil(N/bs)` are hit
+# (for L = 1: N a multiple of the block size; the `badcase` prompt set alternates in and out).
+# Runtime switch, no restart.
+#
+# **`blocks`** (`as-is` / `zeroed` / `dirty` / `poisoned`): what KV blocks hold when a request gets
+# them. vLLM allocates the KV cache with `torch.zeros`; zeroing on allocation exists but is gated by
+# `KVCacheConfig.needs_kv_cache_zeroing`, which drives `SchedulerOutput.new_block_ids_to_zero` and the
+# worker's `_zero_block_ids`. `zeroed` forces that path, `dirty`/`poisoned` fill free blocks with stale
+# values before a run. It matters only where attention reads a slot this request never wrote (the
+# legacy hand-off, or eager finalize with host staging): zeros are a mild error, stale KV is not.
+# The `lastblock` prompt set primes D so it loads only the prompt's last block from P.
+# Runtime switch, no restart.
+#
+# **`dirty_source`** (`noise` / `warmup`): how `blocks=dirty` gets its stale values: seeded noise
+# written into the KV tensors after `initialize_kv_cache`, or real warm-up requests run through the
+# engine before the measured ones. Runtime switch, no restart.
+#
+# **`transfer`** (`direct` / `host-staged`): NIXL's `use_host_buffer` (`nixl/base_worker.py`,
+# `NixlBaseConnectorScheduler` / `NixlBaseConnectorWorker`). On the CPU, `host-staged` makes P stage
+# its KV through a host buffer as `kv_buffer_device: cpu` does on a GPU, which is where eager finalize
+# shows. **Needs a restart**: the staging buffer is allocated and registered with NIXL when the
+# connector is built (the workbench restarts the servers when it changes).
+#
+# **`double_bos`** (`off` / `on`): a client-side bug: the prompt's token ids start with a second BOS
+# (a doubled BOS lowered acceptance by several percent in vLLM's own test). Runtime, no restart.
+#
+# Which knobs restart the servers, straight from the spec:
+
+# %%
+{name: k.restart for name, k in spec.KNOBS.items()}
+
+# %% [markdown]
+# ## 3. One knob set: the same prompts through a re-created bug
+#
+# The second run keeps the servers (no restart-time knob changed) and the baseline (measured
+# once per prompt set and reused). `affected` marks the requests whose length puts them in the
+# bad case of the block hand-off.
+
+# %%
+runs = [fixed]
+if knobs:
+    knob_cfg = with_knobs(replace(cfg, prompt_set=knob_prompt_set or cfg.prompt_set), **knobs)
+    knob_cfg = replace(knob_cfg, label=", ".join(f"{k}={v}" for k, v in knobs.items()))
+    knobbed = session.run(knob_cfg, out_dir=out / "knobs")
+    runs.append(knobbed)
+    print("requested:", knobbed.knobs["requested"])
+    print("in force on P:", knobbed.knobs["p"])
+    print("in force on D:", knobbed.knobs["d"])
+    print("token agreement:", knobbed.token_agreement)
+    for note in knobbed.notes:
+        print("note:", note)
+acceptance_frame(runs).round(4)
+
+# %%
+if knobs:
+    show_figure(plots.per_position(runs, out / "figures"))
+    display(knobbed.requests_frame()[["id", "prompt_len", "affected", "p_handed_blocks",
+                                      "agree", "first_diff"]])
+
+# %% [markdown]
+# ## 4. Done
+#
+# The results are in `out_dir` (`fixed/result.json`, `knobs/result.json`, `figures/`).
+# The explorer notebook (`explorer.ipynb`) sets every knob from a panel; the sweep
+# (`python -m workbench sweep`) runs a whole grid and writes the paper figures.
+# The next cell stops the servers (they are also stopped when the kernel exits).
+
+# %%
+session.close()

@@ -1,0 +1,437 @@
+"""Notebook helpers and the knob explorer panel (ipywidgets).
+
+The widgets only *set parameters*: each control maps to one ``ExperimentConfig`` field or one
+knob, the Run button builds the config and calls ``Session.run``, and the figure and table are
+drawn from the ``Result`` objects it returns. Every knob control is generated from
+``workbench.knobs.spec.KNOBS`` (names, values, defaults, restart flag, where in vLLM), so
+nothing is spelled twice.
+
+The same code path runs without a browser: ``KnobExplorer.run_once()`` is what the Run button's
+click handler calls, and the explorer notebook calls it directly under papermill
+(``interactive = False``).
+"""
+
+from __future__ import annotations
+
+import html
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from . import paths, plots
+from . import prompts as prompt_sets
+from .config import ConfigError, ExperimentConfig
+from .knobs import spec as knob_spec
+from .results import Result
+
+# --------------------------------------------------------------------------------------
+# Helpers both notebooks use
+# --------------------------------------------------------------------------------------
+
+
+def notebook_config(config: dict | None = None, *, target: str = "", drafter: str = "",
+                    **fields: Any) -> ExperimentConfig:
+    """An ``ExperimentConfig`` from notebook parameters: ``config`` (any fields) overridden by
+    the named ones; an empty ``target``/``drafter`` means the trained pair in data/models."""
+    data = dict(config or {})
+    if target:
+        data["target"] = target
+    if drafter:
+        data["drafter"] = drafter
+    data.update({k: v for k, v in fields.items() if v is not None})
+    for name, default in (("target", paths.DEFAULT_TARGET), ("drafter", paths.DEFAULT_DRAFTER)):
+        if name not in data and not (default / "config.json").is_file():
+            raise ConfigError(
+                f"no {name} model given and {default} does not exist: train the pair "
+                "(`make train`) or pass target=/drafter= (e.g. a random pair from "
+                "workbench.training.tiny.make_random_pair, with prompt_set='random')"
+            )
+    return ExperimentConfig.from_dict(data)
+
+
+def open_session(attach: dict | None = None, *, log_dir: str | Path | None = None,
+                 baseline_cache: str | Path | None = None):
+    """One ``Session`` for a notebook: servers of its own (started on the first run, stopped
+    at exit), or, with ``attach`` (the dict ``sweep.run_sweep`` passes its points:
+    ``{"urls": {...}, "knobs_file", "state_dir", "baseline_cache"}``), servers already running."""
+    from .experiment import Session
+
+    if attach:
+        return Session.attach(
+            attach["urls"], knobs_file=attach.get("knobs_file"),
+            state_dir=attach.get("state_dir"), log_dir=log_dir,
+            baseline_cache=attach.get("baseline_cache", baseline_cache),
+        )
+    return Session(log_dir, baseline_cache=baseline_cache)
+
+
+def knob_table() -> pd.DataFrame:
+    """The knob vocabulary as a table: values, default, restart, where in vLLM it acts."""
+    return pd.DataFrame([
+        {"knob": k.name, "values": " / ".join(k.values), "default": k.default,
+         "restart": "yes: " + k.why_restart if k.restart else "no (switched at runtime)",
+         "where": k.where}
+        for k in knob_spec.KNOBS.values()
+    ]).set_index("knob")
+
+
+def png_of(figure_paths: Sequence[Path]) -> Path | None:
+    return next((p for p in figure_paths if Path(p).suffix == ".png"), None)
+
+
+def show_figure(figure_paths: Sequence[Path]):
+    """Display the PNG of a figure written by ``workbench.plots`` (same file as exported)."""
+    from IPython.display import Image, display
+
+    png = png_of(figure_paths)
+    if png is not None:
+        display(Image(filename=str(png)))
+    return png
+
+
+def acceptance_frame(results: Sequence[Result]) -> pd.DataFrame:
+    """Per-position acceptance, PD on D beside the baseline, one row per (run, position)."""
+    frames = []
+    for r in results:
+        df = r.to_dataframe()
+        if df.empty:
+            continue
+        wide = df.pivot_table(index="position", columns="side", values="rate").reset_index()
+        wide.insert(0, "run", plots.label(r))
+        if "pd" in wide and "baseline" in wide:
+            wide["pd - baseline"] = wide["pd"] - wide["baseline"]
+        frames.append(wide)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+# --------------------------------------------------------------------------------------
+# The explorer
+# --------------------------------------------------------------------------------------
+
+# Columns the explorer's table shows (the exported CSV has every column of summary_row).
+_TABLE_FIRST = ("run", "repeat", "label", "prompt_set", "num_prompts", "k_p", "k_d")
+_TABLE_LAST = ("pd_acceptance_length", "baseline_acceptance_length", "token_agreement",
+               "wall_seconds")
+
+
+class KnobExplorer:
+    """A panel with one control per knob (from ``spec.KNOBS``), the servers' k for P and D,
+    the prompts, repeats, a Run button with a progress bar, the per-position figure against
+    the baseline (min-max over repeats) and the results table, and an Export button.
+
+    ``session`` is kept for the explorer's life (one set of servers for every click); the
+    servers restart only when a restart-time knob (``spec.KNOBS[n].restart``) or k changes.
+    """
+
+    CONTROLS = ("k_p", "k_d", "prompt_set", "num_prompts", "max_tokens", "repeats",
+                "reuse_baseline")
+    MAX_PLOTTED = 6  # the figure shows the last few runs; the table and export keep all
+
+    def __init__(self, base: ExperimentConfig, session=None, *,
+                 out_dir: str | Path = paths.RUNS / "explorer", echo: bool = False):
+        import ipywidgets as w
+
+        self.base = base
+        self.out_dir = Path(out_dir)
+        self._own_session = session is None
+        if session is None:
+            session = open_session(log_dir=self.out_dir / "logs",
+                                   baseline_cache=self.out_dir / "baseline-cache")
+        self.session = session
+        self._baseline_cache = session.baseline_cache
+        self.echo = echo  # print one line per phase (headless runs, logs)
+        self.history: list[list[Result]] = []
+        self.last_error: BaseException | None = None
+        self.figure_paths: list[Path] = []
+        self._rep = 0
+        self._repeats = 1
+
+        # --- knob controls, generated from the spec --------------------------------------
+        attached = getattr(session, "attached", False)
+        self.knob_controls: dict[str, w.Dropdown] = {}
+        for name, k in knob_spec.KNOBS.items():
+            tip = k.where + (f" | restart: {k.why_restart}" if k.restart else "")
+            dd = w.Dropdown(options=list(k.values), value=base.knobs.get(name, k.default),
+                            description=name + (" ↻" if k.restart else ""), tooltip=tip,
+                            style={"description_width": "120px"},
+                            layout=w.Layout(width="300px"))
+            if k.restart and attached:
+                dd.disabled = True  # attached servers were started with their value
+            self.knob_controls[name] = dd
+
+        # --- run controls -----------------------------------------------------------------
+        small = {"style": {"description_width": "90px"}, "layout": w.Layout(width="190px")}
+        sets = list(prompt_sets.SOURCES)
+        self.controls: dict[str, Any] = {
+            "k_p": w.BoundedIntText(value=base.k_p, min=1, max=8, description="k on P ↻",
+                                    tooltip="P's num_speculative_tokens (restart)", **small),
+            "k_d": w.BoundedIntText(value=base.k_d, min=1, max=8, description="k on D ↻",
+                                    tooltip="D's and the baseline's num_speculative_tokens "
+                                    "(restart)", **small),
+            "prompt_set": w.Dropdown(options=sets, value=base.prompt_set if base.prompt_set in sets
+                                     else sets[0], description="prompts",
+                                     style={"description_width": "90px"},
+                                     layout=w.Layout(width="230px")),
+            "num_prompts": w.BoundedIntText(value=base.num_prompts, min=1, max=1000,
+                                            description="# prompts", **small),
+            "max_tokens": w.BoundedIntText(value=base.max_tokens, min=1, max=4096,
+                                           description="max tokens", **small),
+            "repeats": w.BoundedIntText(value=1, min=1, max=20, description="repeats", **small),
+            "reuse_baseline": w.Checkbox(value=True, description="reuse baseline",
+                                         indent=False,
+                                         tooltip="measure the baseline once per server shape, "
+                                         "prompts and max_tokens (off: measure it every run)"),
+        }
+        if attached:
+            for name in ("k_p", "k_d"):
+                self.controls[name].disabled = True
+
+        self.run_button = w.Button(description="Run", button_style="primary", icon="play",
+                                   tooltip="run baseline + PD with these settings")
+        self.export_button = w.Button(description="Export", icon="download",
+                                      tooltip="figures (PNG/SVG/PDF with provenance) + CSVs")
+        self.clear_button = w.Button(description="Clear", icon="trash",
+                                     tooltip="forget the runs shown (files stay on disk)")
+        self.export_dir = w.Text(value=str(self.out_dir / "export"), description="export to",
+                                 style={"description_width": "70px"},
+                                 layout=w.Layout(width="420px"))
+        self.progress = w.IntProgress(value=0, min=0, max=1, description="idle",
+                                      style={"description_width": "90px"},
+                                      layout=w.Layout(width="420px"))
+        self.status = w.HTML(value="")
+        self.notes = w.HTML(value="")
+        self.plot = w.Image(format="png", layout=w.Layout(max_width="820px"))
+        self.plot.add_class("wb-plot")
+        self.table_out = w.Output()
+        self.table_out.add_class("wb-table")
+        self.log_out = w.Output()
+
+        self.run_button.on_click(self._on_run)
+        self.export_button.on_click(self._on_export)
+        self.clear_button.on_click(lambda _b: self.clear())
+
+        restart = ", ".join(knob_spec.restart_knobs()) or "none"
+        header = w.HTML(
+            "<b>PD + EAGLE3 knob explorer</b> &mdash; ↻ marks settings that restart the "
+            f"servers (knobs: {html.escape(restart)}; and k); the rest switch at runtime."
+            + (" <i>Attached to running servers: restart-time settings are fixed.</i>"
+               if attached else "")
+        )
+        knob_grid = w.GridBox(list(self.knob_controls.values()),
+                              layout=w.Layout(grid_template_columns="repeat(3, 310px)"))
+        c = self.controls
+        self.panel = w.VBox([
+            header,
+            knob_grid,
+            w.HBox([c["k_p"], c["k_d"], c["prompt_set"], c["num_prompts"]]),
+            w.HBox([c["max_tokens"], c["repeats"], c["reuse_baseline"]]),
+            w.HBox([self.run_button, self.progress]),
+            self.status,
+            self.notes,
+            self.plot,
+            self.table_out,
+            w.HBox([self.export_button, self.export_dir, self.clear_button]),
+            self.log_out,
+        ])
+        self.panel.add_class("wb-explorer")
+
+    # --- parameters ----------------------------------------------------------------------
+    def set_values(self, **values: Any) -> None:
+        """Set controls by name: knob names (``finalize="eager"``) or run controls
+        (``k_d=2``, ``prompt_set="badcase"``, ``repeats=2``); unknown names raise."""
+        for name, value in values.items():
+            if name in self.knob_controls:
+                dd = self.knob_controls[name]
+                if str(value) not in dd.options:
+                    raise ConfigError(f"knob {name}={value!r} is not allowed; allowed values: "
+                                      f"{', '.join(dd.options)}")
+                dd.value = str(value)
+            elif name in self.controls:
+                self.controls[name].value = value
+            else:
+                raise ConfigError(f"unknown control {name!r}; knobs: {', '.join(self.knob_controls)};"
+                                  f" controls: {', '.join(self.controls)}")
+
+    def config(self) -> ExperimentConfig:
+        """The ExperimentConfig the controls describe (validated)."""
+        c = self.controls
+        knobs = knob_spec.validate({n: dd.value for n, dd in self.knob_controls.items()})
+        changed = [f"{n}={v}" for n, v in knobs.items() if v != knob_spec.KNOBS[n].default]
+        label = f"#{len(self.history) + 1} " + (", ".join(changed) or "all fixes in place")
+        cfg = replace(self.base, k_p=int(c["k_p"].value), k_d=int(c["k_d"].value),
+                      prompt_set=c["prompt_set"].value, num_prompts=int(c["num_prompts"].value),
+                      max_tokens=int(c["max_tokens"].value), knobs=knobs, label=label)
+        cfg.validate()
+        return cfg
+
+    # --- running -------------------------------------------------------------------------
+    def _needs_start(self, cfg: ExperimentConfig) -> bool:
+        s = self.session
+        if getattr(s, "attached", False):
+            return False
+        key = cfg.server_key() + (cfg.run_pd, cfg.run_baseline)
+        return s.key != key or not s.servers
+
+    def _on_progress(self, phase: str, done: int, total: int) -> None:
+        self.progress.max = max(1, total * self._repeats)
+        self.progress.value = self._rep * total + done
+        self.progress.description = f"{phase} {done}/{total}"
+        if self.echo and done == total:
+            print(f"repeat {self._rep + 1}/{self._repeats}: {phase} {done}/{total}", flush=True)
+
+    def run_once(self) -> list[Result]:
+        """One Run click: build the config from the controls, run it ``repeats`` times on the
+        session, then redraw the figure and the table. Raises on failure."""
+        cfg = self.config()
+        self._repeats = int(self.controls["repeats"].value)
+        self.session.baseline_cache = (self._baseline_cache
+                                       if self.controls["reuse_baseline"].value else None)
+        run_no = len(self.history) + 1
+        group: list[Result] = []
+        self.run_button.disabled = True
+        self.progress.value, self.progress.bar_style = 0, "info"
+        t0 = time.monotonic()
+        try:
+            for rep in range(self._repeats):
+                self._rep = rep
+                if self._needs_start(cfg):
+                    self._say(f"run {run_no}: starting the vLLM servers (P, D, baseline) for "
+                              "this shape: about a minute on the CPU ...")
+                else:
+                    self._say(f"run {run_no}, repeat {rep + 1}/{self._repeats}: applying knobs "
+                              "and running ...")
+                r = self.session.run(
+                    cfg, progress=self._on_progress,
+                    command=f"workbench.widgets.KnobExplorer ({cfg.label})",
+                    out_dir=self.out_dir / "runs" / f"run{run_no:03d}-rep{rep + 1}",
+                )
+                group.append(r)
+        except BaseException:
+            self.progress.bar_style = "danger"
+            raise
+        finally:
+            self.run_button.disabled = False
+            if group:
+                self.history.append(group)
+                self.refresh()
+        self.progress.bar_style = "success"
+        self.progress.value = self.progress.max
+        self.progress.description = "done"
+        self._say(f"run {run_no} done in {time.monotonic() - t0:.1f} s. " + self._in_force(group[-1]))
+        return group
+
+    def _on_run(self, _button=None) -> None:
+        """The Run button's click handler: ``run_once`` with errors shown in the panel."""
+        self.last_error = None
+        self.log_out.clear_output()
+        try:
+            self.run_once()
+        except Exception as e:  # noqa: BLE001 - shown to the user, kept for callers
+            self.last_error = e
+            self.status.value = (f"<span style='color:#b00'><b>run failed:</b> "
+                                 f"{html.escape(type(e).__name__)}: {html.escape(str(e))}</span>")
+            with self.log_out:
+                print(traceback.format_exc())
+
+    def _say(self, text: str) -> None:
+        self.status.value = html.escape(text)
+        if self.echo:
+            print(text, flush=True)
+
+    @staticmethod
+    def _in_force(r: Result) -> str:
+        d = r.knobs.get("d") or {}
+        req = r.knobs.get("requested") or {}
+        shown = ", ".join(f"{k}={v}" for k, v in d.items())
+        off = [k for k, v in d.items() if k in req and req[k] != v]
+        text = f"In force on D (read back from its processes): {shown or 'unknown'}."
+        if off:
+            text += f" NOT as requested: {', '.join(off)}."
+        return text
+
+    # --- results -------------------------------------------------------------------------
+    @property
+    def results(self) -> list[Result]:
+        return [r for g in self.history for r in g]
+
+    def table(self, full: bool = False) -> pd.DataFrame:
+        """One row per (run, repeat): knob values in force on D, k, prompts, per-position
+        acceptance for PD and the baseline, token agreement."""
+        rows = [{"run": i, "repeat": j, "label": plots.label(r), **r.summary_row()}
+                for i, g in enumerate(self.history, 1) for j, r in enumerate(g, 1)]
+        df = pd.DataFrame(rows)
+        if full or df.empty:
+            return df
+        pos = sorted(c for c in df.columns if c.startswith(("pd_pos", "baseline_pos")))
+        knobs = [c for c in df.columns if c.startswith("knob_")]
+        cols = [c for c in (*_TABLE_FIRST, *knobs, *pos, *_TABLE_LAST) if c in df.columns]
+        return df[cols]
+
+    def figure(self, out_dir: str | Path, stem: str = "per_position_spread") -> list[Path]:
+        """The explorer's figure (last ``MAX_PLOTTED`` runs, min-max over repeats)."""
+        return plots.per_position_spread(self.history[-self.MAX_PLOTTED:], out_dir, stem)
+
+    def refresh(self) -> None:
+        """Redraw the figure and the table from ``history``."""
+        self.table_out.clear_output()
+        if not self.history:
+            self.plot.value = b""
+            self.notes.value = ""
+            self.figure_paths = []
+            return
+        self.figure_paths = self.figure(self.out_dir / "live")
+        png = png_of(self.figure_paths)
+        self.plot.value = png.read_bytes() if png else b""
+        with self.table_out:
+            from IPython.display import display
+
+            display(self.table().round(4))
+        notes = self.history[-1][-1].notes
+        self.notes.value = "".join(f"<div>&#9432; {html.escape(n)}</div>" for n in notes)
+
+    def clear(self) -> None:
+        self.history = []
+        self.refresh()
+
+    def export(self, directory: str | Path | None = None) -> list[Path]:
+        """Write every figure (PNG, SVG, PDF with provenance), ``results.csv`` (one row per
+        run and repeat), ``requests.csv`` and each run's ``result.json`` under ``directory``."""
+        if not self.history:
+            raise RuntimeError("nothing to export yet: press Run first")
+        out = Path(directory or self.export_dir.value)
+        out.mkdir(parents=True, exist_ok=True)
+        written = self.figure(out / "figures")
+        written += plots.all_figures([g[-1] for g in self.history], out / "figures")
+        self.table(full=True).to_csv(out / "results.csv", index=False)
+        reqs = pd.concat([r.requests_frame().assign(run=i, repeat=j, label=plots.label(r))
+                          for i, g in enumerate(self.history, 1) for j, r in enumerate(g, 1)],
+                         ignore_index=True)
+        reqs.to_csv(out / "requests.csv", index=False)
+        written += [out / "results.csv", out / "requests.csv"]
+        for i, g in enumerate(self.history, 1):
+            for j, r in enumerate(g, 1):
+                written.append(r.save(out / "runs" / f"run{i:03d}-rep{j}"))
+        return written
+
+    def _on_export(self, _button=None) -> None:
+        try:
+            files = self.export()
+            self.status.value = html.escape(f"exported {len(files)} files to "
+                                            f"{Path(self.export_dir.value).resolve()}")
+        except Exception as e:  # noqa: BLE001
+            self.status.value = (f"<span style='color:#b00'><b>export failed:</b> "
+                                 f"{html.escape(str(e))}</span>")
+
+    # --- lifetime ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the servers if the explorer started them (also done at exit by the package)."""
+        if self._own_session:
+            self.session.close()
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.panel._repr_mimebundle_(**kwargs)
