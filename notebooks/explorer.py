@@ -29,12 +29,12 @@ interactive = True  # False: run `runs` without widgets (papermill, CI)
 runs = [{}, {"block_handoff": "legacy"}]  # headless: one run per dict (knobs and/or controls)
 num_prompts = 8
 max_tokens = 32
-prompt_set = "indomain"  # "random" for a randomly initialised pair
+prompt_set = "indomain"  # or random for a randomly initialised pair
 repeats = 1
 k_p = 1  # P's num_speculative_tokens
 k_d = 3  # D's and the baseline's num_speculative_tokens
-target = ""  # "" = data/models/target (the trained pair)
-drafter = ""  # "" = data/models/drafter
+target = ""  # target model directory; empty: data/models/target (the trained pair)
+drafter = ""  # EAGLE3 drafter directory; empty: data/models/drafter
 config = {}  # any other ExperimentConfig fields
 attach = {}  # use running servers instead of starting them (see workbench.widgets.open_session)
 out_dir = "../data/runs/explorer"

@@ -30,12 +30,12 @@
 # %% tags=["parameters"]
 num_prompts = 8  # prompts per run
 max_tokens = 32  # new tokens per request
-prompt_set = "indomain"  # "indomain", "mt_bench", "badcase", "lastblock", "random" (random pair)
-target = ""  # target model directory; "" = data/models/target (the trained pair)
-drafter = ""  # EAGLE3 drafter directory; "" = data/models/drafter
+prompt_set = "indomain"  # indomain, mt_bench, badcase, lastblock, or random (random pair)
+target = ""  # target model directory; empty: data/models/target (the trained pair)
+drafter = ""  # EAGLE3 drafter directory; empty: data/models/drafter
 config = {}  # any other ExperimentConfig fields, e.g. {"k_d": 2}
 knobs = {"block_handoff": "legacy"}  # the second run's knobs ({} skips the second run)
-knob_prompt_set = "badcase"  # the second run's prompt set ("" = prompt_set)
+knob_prompt_set = "badcase"  # the second run's prompt set; empty: prompt_set
 attach = {}  # use running servers instead of starting them (see workbench.widgets.open_session)
 out_dir = "../data/runs/tour"
 

@@ -33,6 +33,11 @@ CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
+KERNEL_READY = """() => {
+    const w = window.jupyterapp.shell.currentWidget;
+    const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+    return Boolean(k) && k.connectionStatus === 'connected' && k.status === 'idle';
+}"""
 SCREENSHOT = Path(os.environ.get("WB_SCREENSHOT", "/tmp/wb/explorer.png"))
 
 
@@ -46,17 +51,27 @@ def lab(tmp_path):
     token = secrets.token_hex(16)
     port = free_port()
     venv_bin = str(Path(sys.executable).parent)
+    settings = tmp_path / "lab-settings"  # a fresh user-settings dir: no kernel dialog, no news
+    for rel, data in (
+        ("@jupyterlab/notebook-extension/tracker.jupyterlab-settings",
+         {"autoStartDefaultKernel": True}),
+        ("@jupyterlab/apputils-extension/notification.jupyterlab-settings",
+         {"fetchNews": "false", "checkForUpdates": False}),
+    ):
+        (settings / rel).parent.mkdir(parents=True, exist_ok=True)
+        (settings / rel).write_text(json.dumps(data))
     env = {**os.environ, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
            "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
-           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "lab-settings"),
+           "JUPYTERLAB_SETTINGS_DIR": str(settings),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces")}
-    log = open(tmp_path / "jupyter-lab.log", "w")
+    log = open(tmp_path / "jupyter-lab.log", "w")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(
         [str(Path(venv_bin) / "jupyter"), "lab", "--no-browser", f"--ServerApp.token={token}",
          f"--port={port}", "--ip=127.0.0.1", f"--ServerApp.root_dir={root}",
          "--ServerApp.port_retries=0", "--LabApp.expose_app_in_browser=True",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         *(["--allow-root"] if os.geteuid() == 0 else [])],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -119,9 +134,9 @@ def test_explorer_in_jupyterlab_runs_and_shows_the_plot(lab, pd_session, base_cf
             page.goto(f"{url}/lab/tree/explorer.ipynb?token={token}", wait_until="domcontentloaded")
             page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
             page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
-            # wait for the kernel, then Run > Run All Cells
-            page.wait_for_selector(".jp-NotebookPanel [data-status='idle']", timeout=120_000)
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            # wait until the notebook's kernel is connected and idle, then Run All Cells
+            page.wait_for_function(KERNEL_READY, timeout=180_000)
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
             panel = page.locator(".wb-explorer")
             panel.wait_for(state="visible", timeout=180_000)

@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import nbformat
-import papermill as pm
 import pandas as pd
+import papermill as pm
 import pytest
 
 from workbench import paths
@@ -133,8 +133,10 @@ def test_explorer_runs_headless_through_run_once(attach, small_cfg, tmp_path):
                  runs=[{}, {"block_handoff": "legacy", "repeats": 2}], out_dir=str(out))
     table = pd.read_csv(out / "export" / "results.csv")
     assert list(table["run"]) == [1, 2, 2] and list(table["repeat"]) == [1, 1, 2]
-    # knob values as read back from D's processes
-    assert list(table["knob_block_handoff"]) == ["clipped", "legacy", "legacy"]
+    # knob values as read back from the servers' processes: block_handoff acts on P only
+    # (D reports its own, untouched value), so the table carries P's value beside D's
+    assert list(table["knob_block_handoff_p"]) == ["clipped", "legacy", "legacy"]
+    assert list(table["knob_block_handoff"]) == ["clipped"] * 3
     assert (table["num_prompts"] == 2).all()
     for run_dir in sorted((out / "export" / "runs").iterdir()):
         data = load_result(run_dir / "result.json")

@@ -93,10 +93,13 @@ def test_run_button_runs_and_updates_plot_table_and_export(pd_session, base_cfg,
     ex.set_values(finalize="deferred", block_handoff="legacy", repeats=1)
     ex.run_button.click()
     assert ex.last_error is None, ex.log_out.outputs
-    assert ex.history[-1][0].knobs["d"]["block_handoff"] == "legacy"
-    assert ex.history[-1][0].knobs["d"]["finalize"] == "deferred"
+    last = ex.history[-1][0]
+    assert last.knobs["p"]["block_handoff"] == "legacy"  # acts on P; D keeps its own
+    assert last.knobs["d"]["finalize"] == "deferred"
+    assert "P: block_handoff=legacy" in ex.status.value and "NOT as requested" not in ex.status.value
     assert ex.plot.value.startswith(b"\x89PNG") and ex.plot.value != first_png
-    assert list(ex.table()["knob_block_handoff"]) == ["clipped", "clipped", "legacy"]
+    assert list(ex.table()["knob_block_handoff_p"]) == ["clipped", "clipped", "legacy"]
+    assert list(ex.table()["knob_finalize"]) == ["eager", "eager", "deferred"]
 
     ex.export_dir.value = str(tmp_path / "export")
     ex.export_button.click()

@@ -345,14 +345,19 @@ class KnobExplorer:
 
     @staticmethod
     def _in_force(r: Result) -> str:
-        d = r.knobs.get("d") or {}
+        """The knob values read back from P's and D's processes, and any not as requested
+        on either (a P-only knob shows its value on P; D reports its own untouched one)."""
+        p, d = r.knobs.get("p") or {}, r.knobs.get("d") or {}
         req = r.knobs.get("requested") or {}
-        shown = ", ".join(f"{k}={v}" for k, v in d.items())
-        off = [k for k, v in d.items() if k in req and req[k] != v]
-        text = f"In force on D (read back from its processes): {shown or 'unknown'}."
+        text = ("In force (read back from the servers' processes): D: "
+                + (", ".join(f"{k}={v}" for k, v in d.items()) or "unknown"))
+        on_p = {k: v for k, v in p.items() if d.get(k) != v}
+        if on_p:
+            text += "; P: " + ", ".join(f"{k}={v}" for k, v in on_p.items())
+        off = [k for k in req if k in d and req[k] not in (d.get(k), p.get(k))]
         if off:
-            text += f" NOT as requested: {', '.join(off)}."
-        return text
+            text += f". NOT as requested: {', '.join(off)}"
+        return text + "."
 
     # --- results -------------------------------------------------------------------------
     @property
@@ -364,6 +369,14 @@ class KnobExplorer:
         acceptance for PD and the baseline, token agreement."""
         rows = [{"run": i, "repeat": j, "label": plots.label(r), **r.summary_row()}
                 for i, g in enumerate(self.history, 1) for j, r in enumerate(g, 1)]
+        # summary_row's knob_* columns are D's values; a knob that acts on P only (e.g.
+        # block_handoff, prefill_lookahead: D reports its own, untouched value) also gets
+        # P's read-back value, as knob_<name>_p, wherever P and D differ.
+        p_side = {n for r in self.results for n, v in (r.knobs.get("p") or {}).items()
+                  if (r.knobs.get("d") or {}).get(n) != v}
+        for row, r in zip(rows, self.results):
+            for n in sorted(p_side):
+                row[f"knob_{n}_p"] = (r.knobs.get("p") or {}).get(n)
         df = pd.DataFrame(rows)
         if full or df.empty:
             return df
