@@ -231,7 +231,7 @@ class Session:
         self.close()
 
     # --- knobs ---------------------------------------------------------------------------
-    def apply_knobs(self, cfg: ExperimentConfig, timeout: float = 60.0) -> dict[str, Any]:
+    def apply_knobs(self, cfg: ExperimentConfig, timeout: float = 180.0) -> dict[str, Any]:
         """Write the knob values, wait until every server process acks, return what's in force:
         ``{role: {knob: value}}`` read back from the servers, plus the client-side knobs and
         each process's full state under ``detail``."""
@@ -314,6 +314,7 @@ class Session:
             result.error = f"{type(e).__name__}: {e}"
             raise
         finally:
+            time.sleep(0.5)  # the plugin flushes its event counters every 0.2 s
             result.knobs["after_run"] = self.in_force()
             self._aggregate(result, rows)
             result.wall_seconds = time.monotonic() - t0

@@ -207,9 +207,11 @@ class KnobExplorer:
         self.notes = w.HTML(value="")
         self.plot = w.Image(format="png", layout=w.Layout(max_width="820px"))
         self.plot.add_class("wb-plot")
-        self.table_out = w.Output()
-        self.table_out.add_class("wb-table")
-        self.log_out = w.Output()
+        # HTML widgets, not Output captures: they update the same way from a kernel, a
+        # papermill run or a plain Python process (tests), and render without a kernel.
+        self.table_html = w.HTML(value="")
+        self.table_html.add_class("wb-table")
+        self.log_html = w.HTML(value="")
 
         self.run_button.on_click(self._on_run)
         self.export_button.on_click(self._on_export)
@@ -234,9 +236,9 @@ class KnobExplorer:
             self.status,
             self.notes,
             self.plot,
-            self.table_out,
+            self.table_html,
             w.HBox([self.export_button, self.export_dir, self.clear_button]),
-            self.log_out,
+            self.log_html,
         ])
         self.panel.add_class("wb-explorer")
 
@@ -328,15 +330,14 @@ class KnobExplorer:
     def _on_run(self, _button=None) -> None:
         """The Run button's click handler: ``run_once`` with errors shown in the panel."""
         self.last_error = None
-        self.log_out.clear_output()
+        self.log_html.value = ""
         try:
             self.run_once()
         except Exception as e:  # noqa: BLE001 - shown to the user, kept for callers
             self.last_error = e
             self.status.value = (f"<span style='color:#b00'><b>run failed:</b> "
                                  f"{html.escape(type(e).__name__)}: {html.escape(str(e))}</span>")
-            with self.log_out:
-                print(traceback.format_exc())
+            self.log_html.value = f"<pre>{html.escape(traceback.format_exc())}</pre>"
 
     def _say(self, text: str) -> None:
         self.status.value = html.escape(text)
@@ -391,8 +392,8 @@ class KnobExplorer:
 
     def refresh(self) -> None:
         """Redraw the figure and the table from ``history``."""
-        self.table_out.clear_output()
         if not self.history:
+            self.table_html.value = ""
             self.plot.value = b""
             self.notes.value = ""
             self.figure_paths = []
@@ -400,10 +401,7 @@ class KnobExplorer:
         self.figure_paths = self.figure(self.out_dir / "live")
         png = png_of(self.figure_paths)
         self.plot.value = png.read_bytes() if png else b""
-        with self.table_out:
-            from IPython.display import display
-
-            display(self.table().round(4))
+        self.table_html.value = self.table().round(4).to_html(index=False, na_rep="")
         notes = self.history[-1][-1].notes
         self.notes.value = "".join(f"<div>&#9432; {html.escape(n)}</div>" for n in notes)
 

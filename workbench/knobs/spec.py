@@ -54,11 +54,13 @@ KNOBS: dict[str, KnobSpec] = {
         ),
         KnobSpec(
             "dirty_source",
-            ("noise", "warmup"),
+            ("noise",),
             "noise",
             restart=False,
-            where="workbench + worker: seeded noise written into the KV cache, or real "
-            "warm-up requests run through the engine before the measured ones",
+            where="worker: seeded noise written into the KV cache before the run. Stale KV "
+            "from warm-up requests is not offered: vLLM's BlockPool hands out never-used "
+            "blocks first and queues freed ones at the tail, so a warm-up's blocks come back "
+            "only after the whole free queue cycles",
         ),
         KnobSpec(
             "transfer",
