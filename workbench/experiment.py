@@ -159,6 +159,23 @@ class Session:
         s.state_dir = Path(state_dir) if state_dir else None
         return s
 
+    @classmethod
+    def from_attach(cls, attach: dict | None, **kw) -> Session:
+        """``attach`` as a sweep passes it ({"urls", "knobs_file", "state_dir",
+        "baseline_cache"}), or empty for a session that starts its own servers."""
+        if not attach:
+            return cls(**kw)
+        kw.setdefault("baseline_cache", attach.get("baseline_cache"))
+        return cls.attach(attach["urls"], knobs_file=attach.get("knobs_file"),
+                          state_dir=attach.get("state_dir"), **kw)
+
+    def needs_start(self, cfg: ExperimentConfig) -> bool:
+        """Whether running ``cfg`` will start (or restart) servers first."""
+        if self.attached:
+            return False
+        key = cfg.server_key() + (cfg.run_pd, cfg.run_baseline)
+        return key != self.key or not all(s.alive() for s in self.servers.values())
+
     # --- servers -------------------------------------------------------------------------
     def specs(self, cfg: ExperimentConfig) -> list[ServerSpec]:
         prof = profiles.get(cfg.profile)
@@ -197,7 +214,7 @@ class Session:
             for r in need:
                 self.servers[r].wait_ready(30)
             return
-        if key == self.key and all(s.alive() for s in self.servers.values()):
+        if not self.needs_start(cfg):
             return
         self.stop()
         specs = self.specs(cfg)  # checks ports the user asked for before anything starts
@@ -287,8 +304,12 @@ class Session:
             block_size=cfg.block_size, prompt_file=cfg.prompt_file,
             double_bos=cfg.knobs["double_bos"] == "on",
         )
+        if progress and self.needs_start(cfg):
+            progress("start", 0, 1)
         self.ensure(cfg)
         self.reset_prefix_caches()
+        if progress:
+            progress("knobs", 0, 1)
         states = self.apply_knobs(cfg)
         result = Result(
             config=cfg.to_dict(),

@@ -80,7 +80,8 @@ def save(fig, out_dir: str | Path, stem: str, prov: dict) -> list[Path]:
 
 
 def _positions(results: Sequence[Result]) -> int:
-    return max(len((r.pd or r.baseline or {}).get("per_position", [])) for r in results)
+    return max((len((r.pd or r.baseline or {}).get("per_position", [])) for r in results),
+               default=0)
 
 
 def per_position(results: Sequence[Result], out_dir, stem="per_position") -> list[Path]:
@@ -172,9 +173,14 @@ def token_agreement(results: Sequence[Result], out_dir, stem="token_agreement") 
 
 
 def all_figures(results: Sequence[Result], out_dir) -> list[Path]:
+    """Every figure that the results have data for (e.g. no relative error without a baseline)."""
+    need = {per_position: lambda r: r.pd, relative_error: lambda r: r.pd and r.baseline,
+            split_affected: lambda r: r.pd and r.requests,
+            token_agreement: lambda r: r.token_agreement is not None}
     out = []
-    for fn in (per_position, relative_error, split_affected, token_agreement):
-        out += fn(results, out_dir)
+    for fn, has in need.items():
+        if any(has(r) for r in results):
+            out += fn(results, out_dir)
     return out
 
 

@@ -104,8 +104,7 @@ class Result:
 
     def flat_meta(self) -> dict[str, Any]:
         """The columns that identify a run in a results store."""
-        in_force = self.knobs.get("d") or self.knobs.get("requested") or {}
-        meta = {f"knob_{k}": v for k, v in in_force.items()}
+        meta = {f"knob_{k}": v for k, v in knobs_in_force(self.knobs).items()}
         meta.update({
             "prompt_set": self.prompt_set, "num_prompts": self.num_prompts,
             "k_p": self.config.get("k_p"), "k_d": self.config.get("k_d"),
@@ -127,6 +126,25 @@ class Result:
             for i, r in enumerate(s["per_position"]):
                 row[f"{side}_pos{i}"] = r
         return row
+
+
+def knobs_in_force(knobs: dict[str, Any]) -> dict[str, str]:
+    """One value per knob, read back from the role it acts on (P-only knobs from P: D always
+    reports its own untouched hand-off), client-side knobs from the request."""
+    from .knobs import spec
+
+    out = {}
+    for name, k in spec.KNOBS.items():
+        if k.acts_on == "client":
+            value = (knobs.get("client") or knobs.get("requested") or {}).get(name)
+        else:
+            role = k.acts_on.split(",")[0] if k.acts_on == "p" else "d"
+            value = (knobs.get(role) or {}).get(name)
+            if value is None:
+                value = (knobs.get("p") or {}).get(name)
+        if value is not None:
+            out[name] = value
+    return out
 
 
 def append_to_store(result: Result, store: str | Path) -> Path:

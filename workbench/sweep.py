@@ -160,13 +160,7 @@ def run_point(config: dict, attach: dict | None, out_dir: str | Path,
     from .results import append_to_store
 
     cfg = ExperimentConfig.from_dict(dict(config)) if config else ExperimentConfig()
-    if attach:
-        session = Session.attach(attach["urls"], knobs_file=attach.get("knobs_file"),
-                                 state_dir=attach.get("state_dir"),
-                                 baseline_cache=attach.get("baseline_cache"))
-    else:
-        session = Session()
-    with session:
+    with Session.from_attach(attach) as session:
         result = session.run(cfg, out_dir=out_dir, command=f"papermill notebooks/sweep.ipynb "
                              f"(config={json.dumps(cfg.to_dict(), sort_keys=True)})")
     if results_store:

@@ -403,7 +403,7 @@ class KnobExplorer:
         self.plot.value = png.read_bytes() if png else b""
         self.table_html.value = self.table().round(4).to_html(index=False, na_rep="")
         notes = self.history[-1][-1].notes
-        self.notes.value = "".join(f"<div>&#9432; {html.escape(n)}</div>" for n in notes)
+        self.notes.value = "".join(f"<div><b>note:</b> {html.escape(n)}</div>" for n in notes)
 
     def clear(self) -> None:
         self.history = []

@@ -17,6 +17,7 @@ class KnobSpec:
     restart: bool  # True: takes effect only when the servers are (re)started
     where: str  # the vLLM process / source the mechanism lives in
     why_restart: str = ""
+    acts_on: str = "p,d"  # roles whose servers apply it ("client": the request itself)
 
 
 KNOBS: dict[str, KnobSpec] = {
@@ -36,6 +37,7 @@ KNOBS: dict[str, KnobSpec] = {
             "default",
             restart=False,
             where="engine core (P): Scheduler.num_lookahead_tokens",
+            acts_on="p",
         ),
         KnobSpec(
             "block_handoff",
@@ -43,6 +45,7 @@ KNOBS: dict[str, KnobSpec] = {
             "clipped",
             restart=False,
             where="engine core (P): KVCacheManager.get_block_ids_for_computed_tokens",
+            acts_on="p",
         ),
         KnobSpec(
             "blocks",
@@ -77,6 +80,7 @@ KNOBS: dict[str, KnobSpec] = {
             "off",
             restart=False,
             where="client: the prompt token ids sent to every server",
+            acts_on="client",
         ),
     )
 }

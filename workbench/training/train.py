@@ -203,7 +203,7 @@ def train_target(cfg, hp, train_ids, held_ids, work, device, seed, log):
     bar.close()
     wall = time.time() - t0
     ev = target_eval(model, held_ids, hp["seq"], device)
-    tr = target_eval(model, train_ids, hp["seq"], device)
+    tr = target_eval(model, train_ids, hp["seq"], device, n=16)
     tokens = total * hp["batch"] * (hp["seq"] - 1)
     info = {"steps": total, "tokens_seen": tokens, "epochs": tokens / len(train_ids), "wall_s": wall,
             "final_train_loss_avg50": float(np.mean(losses[-50:])) if losses else None,
