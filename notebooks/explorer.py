@@ -62,7 +62,7 @@ if not interactive:
         explorer.run_once()
     exported = explorer.export(out / "export")
     print(f"exported {len(exported)} files to {out / 'export'}")
-    display(Image(data=explorer.plot.value))
+    display(Image(data=bytes(explorer.plot.value)))
     display(explorer.table().round(4))
 
 # %% [markdown]

@@ -100,13 +100,13 @@ def notebook_config(cfg) -> dict:
 
 def test_tour_runs_headless_and_takes_injected_parameters(attach, small_cfg, tmp_path):
     nb = execute("tour", tmp_path, attach=attach, config=notebook_config(small_cfg),
-                 num_prompts=3, max_tokens=10, prompt_set=small_cfg.prompt_set,
+                 num_prompts=3, max_tokens=8, prompt_set=small_cfg.prompt_set,
                  knobs={"finalize": "eager"}, knob_prompt_set="", out_dir=str(tmp_path / "tour"))
     out = tmp_path / "tour"
     fixed = load_result(out / "fixed" / "result.json")
     # injected values, not the notebook's defaults (8 prompts, 32 tokens)
     assert fixed["config"]["num_prompts"] == 3 and fixed["num_prompts"] == 3
-    assert fixed["config"]["max_tokens"] == 10
+    assert fixed["config"]["max_tokens"] == 8
     assert fixed["config"]["target"] == small_cfg.target
     assert fixed["knobs"]["d"]["finalize"] == "deferred"
     assert fixed["token_agreement"] == 1.0
@@ -133,10 +133,9 @@ def test_explorer_runs_headless_through_run_once(attach, small_cfg, tmp_path):
                  runs=[{}, {"block_handoff": "legacy", "repeats": 2}], out_dir=str(out))
     table = pd.read_csv(out / "export" / "results.csv")
     assert list(table["run"]) == [1, 2, 2] and list(table["repeat"]) == [1, 1, 2]
-    # knob values as read back from the servers' processes: block_handoff acts on P only
-    # (D reports its own, untouched value), so the table carries P's value beside D's
-    assert list(table["knob_block_handoff_p"]) == ["clipped", "legacy", "legacy"]
-    assert list(table["knob_block_handoff"]) == ["clipped"] * 3
+    # knob values as read back from the servers' processes (block_handoff acts on P)
+    assert list(table["knob_block_handoff"]) == ["clipped", "legacy", "legacy"]
+    assert list(table["knob_finalize"]) == ["deferred"] * 3
     assert (table["num_prompts"] == 2).all()
     for run_dir in sorted((out / "export" / "runs").iterdir()):
         data = load_result(run_dir / "result.json")

@@ -145,6 +145,18 @@ def test_ttt_unroll_matches_stepwise_decode():
                 h = pre
 
 
+def test_copy_candidates_for_unlikelihood():
+    from workbench.training.train import copy_candidates, unlikelihood_term
+
+    x = torch.tensor([[5, 6, 7, 5, 6, 8, 5, 6]])
+    # position t: continuation of the latest earlier occurrence of bigram (x[t-1], x[t])
+    assert copy_candidates(x).tolist() == [[-1, -1, -1, -1, 7, -1, -1, 8]]
+    logits = torch.zeros(1, 7, 10, requires_grad=True)
+    ul = unlikelihood_term(logits, x[:, :-1], x[:, 1:])
+    ul.backward()
+    assert ul.item() > 0 and logits.grad[0, 4, 7] > 0  # pushes p(copy) down where copy is wrong
+
+
 def test_make_random_pair(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

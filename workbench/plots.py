@@ -218,6 +218,6 @@ def per_position_spread(groups: Sequence[Sequence[Result]], out_dir,
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7, loc="upper right", ncol=1)
         ax.set_title("Draft acceptance under PD vs the standalone baseline"
-                     + (" (mean, min-max over repeats)" if any(len(g) > 1 for g in groups)
+                     + ("\n(mean, min-max over repeats)" if any(len(g) > 1 for g in groups)
                         else ""))
         return save(fig, out_dir, stem, provenance([r for g in groups for r in g]))

@@ -61,13 +61,10 @@ def open_session(attach: dict | None = None, *, log_dir: str | Path | None = Non
     ``{"urls": {...}, "knobs_file", "state_dir", "baseline_cache"}``), servers already running."""
     from .experiment import Session
 
-    if attach:
-        return Session.attach(
-            attach["urls"], knobs_file=attach.get("knobs_file"),
-            state_dir=attach.get("state_dir"), log_dir=log_dir,
-            baseline_cache=attach.get("baseline_cache", baseline_cache),
-        )
-    return Session(log_dir, baseline_cache=baseline_cache)
+    return Session.from_attach(
+        attach, log_dir=log_dir,
+        baseline_cache=(attach or {}).get("baseline_cache") or baseline_cache,
+    )
 
 
 def knob_table() -> pd.DataFrame:
@@ -115,6 +112,7 @@ def acceptance_frame(results: Sequence[Result]) -> pd.DataFrame:
 
 # Columns the explorer's table shows (the exported CSV has every column of summary_row).
 _TABLE_FIRST = ("run", "repeat", "label", "prompt_set", "num_prompts", "k_p", "k_d")
+_PHASE_TEXT = {"start": "starting servers", "knobs": "applying knobs"}  # Session.run phases
 _TABLE_LAST = ("pd_acceptance_length", "baseline_acceptance_length", "token_agreement",
                "wall_seconds")
 
@@ -272,14 +270,10 @@ class KnobExplorer:
         return cfg
 
     # --- running -------------------------------------------------------------------------
-    def _needs_start(self, cfg: ExperimentConfig) -> bool:
-        s = self.session
-        if getattr(s, "attached", False):
-            return False
-        key = cfg.server_key() + (cfg.run_pd, cfg.run_baseline)
-        return s.key != key or not s.servers
-
     def _on_progress(self, phase: str, done: int, total: int) -> None:
+        if phase in _PHASE_TEXT:  # before the requests: no count to show on the bar
+            self.progress.description = _PHASE_TEXT[phase]
+            return
         self.progress.max = max(1, total * self._repeats)
         self.progress.value = self._rep * total + done
         self.progress.description = f"{phase} {done}/{total}"
@@ -301,7 +295,7 @@ class KnobExplorer:
         try:
             for rep in range(self._repeats):
                 self._rep = rep
-                if self._needs_start(cfg):
+                if self.session.needs_start(cfg):
                     self._say(f"run {run_no}: starting the vLLM servers (P, D, baseline) for "
                               "this shape: about a minute on the CPU ...")
                 else:
@@ -346,16 +340,15 @@ class KnobExplorer:
 
     @staticmethod
     def _in_force(r: Result) -> str:
-        """The knob values read back from P's and D's processes, and any not as requested
-        on either (a P-only knob shows its value on P; D reports its own untouched one)."""
-        p, d = r.knobs.get("p") or {}, r.knobs.get("d") or {}
+        """The knob values read back from the servers' processes, each from the role it acts
+        on (``results.knobs_in_force``), and any that are not as requested."""
+        from .results import knobs_in_force
+
+        now = knobs_in_force(r.knobs)
         req = r.knobs.get("requested") or {}
-        text = ("In force (read back from the servers' processes): D: "
-                + (", ".join(f"{k}={v}" for k, v in d.items()) or "unknown"))
-        on_p = {k: v for k, v in p.items() if d.get(k) != v}
-        if on_p:
-            text += "; P: " + ", ".join(f"{k}={v}" for k, v in on_p.items())
-        off = [k for k in req if k in d and req[k] not in (d.get(k), p.get(k))]
+        text = ("In force (read back from the servers' processes): "
+                + (", ".join(f"{k}={v}" for k, v in now.items()) or "unknown"))
+        off = [k for k, v in now.items() if k in req and req[k] != v]
         if off:
             text += f". NOT as requested: {', '.join(off)}"
         return text + "."
@@ -370,14 +363,6 @@ class KnobExplorer:
         acceptance for PD and the baseline, token agreement."""
         rows = [{"run": i, "repeat": j, "label": plots.label(r), **r.summary_row()}
                 for i, g in enumerate(self.history, 1) for j, r in enumerate(g, 1)]
-        # summary_row's knob_* columns are D's values; a knob that acts on P only (e.g.
-        # block_handoff, prefill_lookahead: D reports its own, untouched value) also gets
-        # P's read-back value, as knob_<name>_p, wherever P and D differ.
-        p_side = {n for r in self.results for n, v in (r.knobs.get("p") or {}).items()
-                  if (r.knobs.get("d") or {}).get(n) != v}
-        for row, r in zip(rows, self.results):
-            for n in sorted(p_side):
-                row[f"knob_{n}_p"] = (r.knobs.get("p") or {}).get(n)
         df = pd.DataFrame(rows)
         if full or df.empty:
             return df

@@ -32,13 +32,15 @@ from .model import DrafterConfig, Eagle3Drafter, Llama, TargetConfig, count_para
 
 FULL = dict(
     vocab=2048, layers=6, hidden=192, inter=512, heads=4, seq=384, batch=10,
-    target_steps=1500, target_lr=2e-3, drafter_steps=600, drafter_lr=1.5e-3,
+    target_steps=520, target_lr=2e-3, drafter_steps=180, drafter_lr=1.5e-3,
     draft_vocab=1024, ttt_steps=3, weight_decay=0.1, max_files=None,
+    ul_steps=0, ul_weight=1.0, ul_lr=5e-4,
 )
 TINY = dict(
     vocab=512, layers=2, hidden=64, inter=176, heads=2, seq=64, batch=8,
     target_steps=60, target_lr=3e-3, drafter_steps=30, drafter_lr=3e-3,
     draft_vocab=256, ttt_steps=3, weight_decay=0.1, max_files=40,
+    ul_steps=0, ul_weight=1.0, ul_lr=5e-4,
 )
 
 
@@ -209,6 +211,88 @@ def train_target(cfg, hp, train_ids, held_ids, work, device, seed, log):
             "final_train_loss_avg50": float(np.mean(losses[-50:])) if losses else None,
             "heldout": ev, "train_sample": tr}
     log(f"target: done {total} steps, {wall / 60:.1f} min, held-out ppl {ev['ppl']:.2f}")
+    _atomic_save({"model": model.state_dict(), "info": info}, final)
+    return model, info
+
+
+def copy_candidates(x: torch.Tensor) -> torch.Tensor:
+    """For each position t, the token that followed the latest earlier occurrence of
+    the bigram (x[t-1], x[t]) -- what an induction/copy loop would emit next -- or -1."""
+    B, T = x.shape
+    eq = x[:, :, None] == x[:, None, :]  # [b, t, s]
+    big = torch.zeros_like(eq)
+    big[:, 1:, 1:] = eq[:, 1:, 1:] & eq[:, :-1, :-1]
+    big &= torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-1)
+    big[:, :, T - 1] = False  # s + 1 must exist
+    idx = torch.arange(T, device=x.device)
+    last = torch.where(big, idx[None, None, :], torch.full_like(idx, -1)[None, None, :]).amax(-1)
+    cand = torch.gather(x, 1, (last + 1).clamp(min=0, max=T - 1))
+    return torch.where(last >= 0, cand, torch.full_like(cand, -1))
+
+
+def unlikelihood_term(logits, x_in, y):
+    """Copy-continuation unlikelihood (Welleck et al. 2019, token level, restricted to
+    the continuation of a repeated bigram): where copying the earlier continuation
+    would be wrong, push its probability down: -log(1 - p(copy))."""
+    cand = copy_candidates(x_in)
+    m = (cand >= 0) & (cand != y)
+    if not m.any():
+        return logits.new_zeros(())
+    p = logits.float().softmax(-1)
+    pc = torch.gather(p, -1, cand.clamp(min=0)[..., None])[..., 0]
+    return -(torch.log((1 - pc).clamp(min=1e-5)) * m).sum() / m.sum()
+
+
+def finetune_target_ul(model, cfg, hp, train_ids, held_ids, work, device, seed, log):
+    """Optional stage (``ul_steps`` > 0): continue training the target with cross-entropy
+    plus ``ul_weight`` x copy-continuation unlikelihood, to curb greedy repetition loops."""
+    from tqdm import tqdm
+
+    ck = os.path.join(work, "target_ul_ckpt.pt")
+    final = os.path.join(work, "target_ul_final.pt")
+    if os.path.exists(final):
+        st = torch.load(final, map_location=device)
+        model.load_state_dict(st["model"])
+        log(f"target UL: loaded finished checkpoint {final}")
+        return model, st["info"]
+    opt = _make_opt(model, hp["ul_lr"], hp["weight_decay"], device)
+    step, elapsed = 0, 0.0
+    if os.path.exists(ck):
+        st = torch.load(ck, map_location=device)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        step, elapsed = st["step"], st["elapsed"]
+        log(f"target UL: resuming at step {step}")
+    total = hp["ul_steps"]
+    t0, last_ck = time.time() - elapsed, time.time()
+    bar = tqdm(total=total, initial=step, desc="target-UL", dynamic_ncols=True, mininterval=2)
+    model.train()
+    while step < total:
+        x = sample_batch(train_ids, step, hp["batch"], hp["seq"], seed + 104729, device)
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step, total, hp["ul_lr"], warmup=max(1, total // 10))
+        with _autocast(device):
+            logits = model(x[:, :-1])
+        y = x[:, 1:]
+        ce = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), y.reshape(-1))
+        ul = unlikelihood_term(logits, x[:, :-1], y)
+        loss = ce + hp["ul_weight"] * ul
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(ce=f"{ce.item():.3f}", ul=f"{ul.item():.3f}")
+        if time.time() - last_ck > 120 or step == total:
+            _atomic_save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                          "elapsed": time.time() - t0, "total": total}, ck)
+            last_ck = time.time()
+    bar.close()
+    ev = target_eval(model, held_ids, hp["seq"], device)
+    info = {"steps": total, "lr": hp["ul_lr"], "weight": hp["ul_weight"], "wall_s": time.time() - t0,
+            "tokens_seen": total * hp["batch"] * (hp["seq"] - 1), "heldout": ev}
+    log(f"target UL: done {total} steps, held-out ppl {ev['ppl']:.2f}")
     _atomic_save({"model": model.state_dict(), "info": info}, final)
     return model, info
 
@@ -410,9 +494,9 @@ def main(argv=None):
     ap.add_argument("--n-prompts", type=int, default=128)
     ap.add_argument("--stdlib-root", default=None, help=argparse.SUPPRESS)
     for k in ("layers", "hidden", "inter", "heads", "seq", "batch", "target_steps", "drafter_steps",
-              "draft_vocab", "ttt_steps", "vocab"):
+              "draft_vocab", "ttt_steps", "vocab", "ul_steps"):
         ap.add_argument("--" + k.replace("_", "-"), type=int, default=None)
-    for k in ("target_lr", "drafter_lr", "weight_decay"):
+    for k in ("target_lr", "drafter_lr", "weight_decay", "ul_weight", "ul_lr"):
         ap.add_argument("--" + k.replace("_", "-"), type=float, default=None)
     args = ap.parse_args(argv)
 
@@ -429,8 +513,12 @@ def main(argv=None):
     hp_path = os.path.join(work, "hparams.json")
     if os.path.exists(hp_path):
         old = json.load(open(hp_path))
-        free = ("target_steps", "drafter_steps")  # checked against the schedule on resume
+        free = ("target_steps", "drafter_steps", "ul_steps", "ul_weight", "ul_lr")  # checked against the schedule on resume
         if {k: old.get(k) for k in hp if k not in free} != {k: v for k, v in hp.items() if k not in free}:
+            pass_ = False
+        else:
+            pass_ = True
+        if not pass_:
             raise SystemExit(f"{work} holds a run with other settings {old}; use another --work-dir")
     json.dump(hp, open(hp_path, "w"), indent=1)
     logf = open(os.path.join(work, "train.log"), "a")
@@ -461,6 +549,9 @@ def main(argv=None):
     tcfg, dcfg = configs_from_hp(hp)
     _seed_all(args.seed)
     target, tinfo = train_target(tcfg, hp, train_ids, held_ids, work, device, args.seed, log)
+    if hp["ul_steps"] > 0:
+        target, ulinfo = finetune_target_ul(target, tcfg, hp, train_ids, held_ids, work, device, args.seed, log)
+        tinfo = {**tinfo, "ul": ulinfo}
     dmap = choose_draft_vocab(train_ids, hp["vocab"], hp["draft_vocab"])
     drafter, dinfo = train_drafter(dcfg, hp, target, train_ids, held_ids, dmap, work, device, args.seed, log)
 
