@@ -129,14 +129,15 @@ def write_card(out_dir: str):
           f"per-position acceptance {_fmt_rates(m['per_pos'])}; acceptance length {m['acceptance_length']:.3f}; "
           f"distinct-token fraction per request: median {m['distinct_median']:.3f}, min {m['distinct_min']:.3f}; "
           f"largest single-token share {m['max_token_share']:.3f}.")
-        if ev.get("corrupt"):
-            k = ev["corrupt"]
-            w("")
-            w(f"Drafter KV dependence: with the drafter layer's K/V zeroed for the first "
-              f"{k['threshold']} positions of every prompt (a hook on the drafter's attention, "
-              f"`--kv-corruption`), per-position acceptance {_fmt_rates(k['per_pos'])} vs clean "
-              f"{_fmt_rates(m['per_pos'])}: position 0 drops by {100 * k['pos0_rel_drop']:.1f}% relative; "
-              f"target output unchanged on {k['same_output']} of {ev['n_prompts']} prompts.")
+        for key, what in (("corrupt", "zeroed"), ("corrupt_noise", "overwritten with N(0, 10^2) noise")):
+            if ev.get(key):
+                k = ev[key]
+                w("")
+                w(f"Drafter KV dependence ({what}): the drafter layer's K/V {what} for the first "
+                  f"{k['threshold']} positions of every prompt (the shortest prompt's length; a hook on the "
+                  f"drafter's attention, `--kv-corruption`): per-position acceptance {_fmt_rates(k['per_pos'])} "
+                  f"vs clean {_fmt_rates(m['per_pos'])}: position 0 drops by {100 * k['pos0_rel_drop']:.1f}% "
+                  f"relative; target output unchanged on {k['same_output']} of {ev['n_prompts']} prompts.")
         if ev.get("samples"):
             w("")
             w("Sample (prompt tail, then greedy continuation):")
@@ -148,6 +149,12 @@ def write_card(out_dir: str):
         if not ev.get("all_ok", False):
             w("")
             w("**Not every figure meets the bar; see the table.**")
+    if info.get("notes"):
+        w("")
+        w("## Notes and known shortfalls")
+        w("")
+        for n in info["notes"]:
+            w(f"- {n}")
     w("")
     with open(os.path.join(out_dir, "MODEL_CARD.md"), "w") as f:
         f.write("\n".join(L))

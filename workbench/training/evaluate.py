@@ -50,14 +50,22 @@ def _corrupting_forward(self, positions, hidden_states):
     thr = getattr(self, "_wb_zero_kv_below", 0)
     if thr > 0:
         m = (positions < thr).unsqueeze(-1)
-        k = torch.where(m, torch.zeros_like(k), k)
-        v = torch.where(m, torch.zeros_like(v), v)
+        if getattr(self, "_wb_mode", "zero") == "noise":
+            # stale/garbage blocks: large deterministic noise instead of zeros
+            g = torch.Generator(device="cpu").manual_seed(1234)
+            nk = (torch.randn(k.shape, generator=g) * 10).to(k.device, k.dtype)
+            nv = (torch.randn(v.shape, generator=g) * 10).to(v.device, v.dtype)
+            k = torch.where(m, nk, k)
+            v = torch.where(m, nv, v)
+        else:
+            k = torch.where(m, torch.zeros_like(k), k)
+            v = torch.where(m, torch.zeros_like(v), v)
     attn_output = self.attn(q, k, v)
     output, _ = self.o_proj(attn_output)
     return output
 
 
-def set_drafter_kv_corruption(worker, threshold: int) -> int:
+def set_drafter_kv_corruption(worker, threshold: int, mode: str = "zero") -> int:
     """Runs inside the vLLM worker (via ``LLM.collective_rpc``): install the hook on
     every drafter decoder layer and set its threshold (0 = off).  Returns #layers."""
     import types
@@ -71,6 +79,7 @@ def set_drafter_kv_corruption(worker, threshold: int) -> int:
             attn.forward = types.MethodType(_corrupting_forward, attn)
             attn._wb_hooked = True
         attn._wb_zero_kv_below = int(threshold)
+        attn._wb_mode = mode
     return len(layers)
 
 
@@ -167,7 +176,7 @@ def run_batch(llm, prompts, max_tokens: int):
     return d, toks, texts
 
 
-def checks(clean, corrupt=None):
+def checks(clean, corrupt=None, corrupt_noise=None):
     pp = clean["per_pos"]
     rows = []
 
@@ -188,8 +197,11 @@ def checks(clean, corrupt=None):
     add("largest single-token share (any request)", f"{clean['max_token_share']:.3f}",
         f"<= {BAR['max_token_share_max']}", clean["max_token_share"] <= BAR["max_token_share_max"])
     if corrupt is not None:
-        add("pos-0 relative drop, drafter KV zeroed", f"{corrupt['pos0_rel_drop']:.3f}",
+        add("pos-0 relative drop, drafter prompt KV zeroed", f"{corrupt['pos0_rel_drop']:.3f}",
             f">= {BAR['kv_pos0_rel_drop_min']}", corrupt["pos0_rel_drop"] >= BAR["kv_pos0_rel_drop_min"])
+    if corrupt_noise is not None:
+        add("pos-0 relative drop, drafter prompt KV noise (x10)", f"{corrupt_noise['pos0_rel_drop']:.3f}",
+            f">= {BAR['kv_pos0_rel_drop_min']}", corrupt_noise["pos0_rel_drop"] >= BAR["kv_pos0_rel_drop_min"])
     return rows
 
 
@@ -222,18 +234,19 @@ def evaluate(models_dir, prompts_file=None, n_prompts=64, max_tokens=128, k=3, k
         }
         if kv_corruption:
             thr = min(clean["prompt_lens"])
-            llm.collective_rpc(set_drafter_kv_corruption, args=(thr,))
-            try:
-                bad, btoks, _ = run_batch(llm, prompts, max_tokens)
-            finally:
-                llm.collective_rpc(set_drafter_kv_corruption, args=(0,))
-            bad["threshold"] = thr
-            bad["pos0_rel_drop"] = 1 - bad["per_pos"][0] / max(clean["per_pos"][0], 1e-9)
-            bad["same_output"] = sum(a == b for a, b in zip(toks, btoks))
-            for key in ("distinct",):
-                bad.pop(key, None)
-            result["corrupt"] = bad
-        result["checks"] = checks(clean, result.get("corrupt"))
+            for mode in ("zero", "noise"):
+                llm.collective_rpc(set_drafter_kv_corruption, args=(thr, mode))
+                try:
+                    bad, btoks, _ = run_batch(llm, prompts, max_tokens)
+                finally:
+                    llm.collective_rpc(set_drafter_kv_corruption, args=(0,))
+                bad["threshold"] = thr
+                bad["mode"] = mode
+                bad["pos0_rel_drop"] = 1 - bad["per_pos"][0] / max(clean["per_pos"][0], 1e-9)
+                bad["same_output"] = sum(a == b for a, b in zip(toks, btoks))
+                bad.pop("distinct", None)
+                result["corrupt" if mode == "zero" else "corrupt_noise"] = bad
+        result["checks"] = checks(clean, result.get("corrupt"), result.get("corrupt_noise"))
         result["all_ok"] = all(r["ok"] for r in result["checks"])
     finally:
         if own:
