@@ -223,7 +223,13 @@ class VllmServer:
         return self
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        """The process runs and the server answers /health (500 once its engine died)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        try:
+            return httpx.get(f"{self.url}/health", timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -238,7 +244,7 @@ class VllmServer:
         deadline = self.started_at + timeout
         with httpx.Client(timeout=2.0) as client:
             while time.monotonic() < deadline:
-                if not self.alive():
+                if self.proc.poll() is not None:
                     raise ServerError(
                         f"{self.spec.role} server exited with code {self.proc.returncode} during "
                         f"start-up; log {self.spec.log_path}:\n{self.log_tail()}"

@@ -1,0 +1,46 @@
+"""`plan` prints every server's command line; each parses with vLLM's own argument parser."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def plan(*args: str) -> list[dict]:
+    out = subprocess.run([sys.executable, "-m", "workbench", "plan", *args],
+                         capture_output=True, text=True, check=True).stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+@pytest.mark.parametrize("profile", ["gpu", "gpu-single", "cpu"])
+def test_plan_command_lines_parse_with_vllms_parser_no_gpu(profile):
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    servers = plan("--profile", profile)
+    assert [s["role"] for s in servers] == ["p", "d", "baseline"]
+    for s in servers:
+        argv = s["argv"]
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+            argv[argv.index("vllm.entrypoints.openai.api_server") + 1:])
+        assert args.host == "127.0.0.1"
+        assert args.speculative_config["method"] == "eagle3"
+        assert args.speculative_config["num_speculative_tokens"] == (1 if s["role"] == "p" else 3)
+        if s["role"] == "baseline":
+            assert args.kv_transfer_config is None
+        else:
+            assert args.kv_transfer_config.kv_connector == "NixlConnector"
+            assert s["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+        if profile.startswith("gpu"):
+            assert args.block_size == 16 and args.enforce_eager
+            assert "CUDA_VISIBLE_DEVICES" in s["env"]
+
+
+def test_gpu_plan_host_staged_uses_vllms_own_cpu_buffer_no_gpu():
+    servers = plan("--profile", "gpu", "--knob", "transfer=host-staged")
+    for s in servers[:2]:
+        cfg = json.loads(s["argv"][s["argv"].index("--kv-transfer-config") + 1])
+        assert cfg["kv_buffer_device"] == "cpu"
