@@ -111,7 +111,9 @@ def test_host_staged_transfer_is_in_force(staged):
 def test_eager_finalize_with_host_staging_starves_the_drafter_only(staged):
     r = staged["eager-dirty"]
     assert r.token_agreement == 1.0, "eager finalize must damage the drafter's KV only"
-    for pos, (pd_rate, base_rate) in enumerate(zip(r.pd["per_position"],
+    # Compare without D's one extra all-rejected draft per request (see test_pipeline), so the
+    # drop measured is the drafter's, not vLLM's draft accounting on D.
+    for pos, (pd_rate, base_rate) in enumerate(zip(r.pd["per_position_without_extra_drafts"],
                                                    r.baseline["per_position"])):
         assert pd_rate < base_rate, (pos, r.pd["per_position"], r.baseline["per_position"])
 
@@ -120,7 +122,8 @@ def test_eager_finalize_with_host_staging_starves_the_drafter_only(staged):
 def test_deferred_finalize_with_host_staging_keeps_parity(staged):
     r = staged["deferred-dirty"]
     assert r.token_agreement == 1.0
-    for pd_rate, base_rate in zip(r.pd["per_position"], r.baseline["per_position"]):
+    for pd_rate, base_rate in zip(r.pd["per_position_without_extra_drafts"],
+                                  r.baseline["per_position"]):
         assert pd_rate == pytest.approx(base_rate, rel=0.02, abs=1e-12)
 
 

@@ -16,9 +16,21 @@ def test_pd_matches_baseline_token_for_token_and_per_position(pd_session, base_c
     assert r.num_prompts >= 16 and r.complete
     assert r.token_agreement == 1.0, [(q["id"], q["first_diff"]) for q in r.requests if not q["agree"]]
     assert r.pd["num_drafts"] > 0 and r.baseline["num_drafts"] > 0
-    for pos, (pd_rate, base_rate) in enumerate(zip(r.pd["per_position"],
-                                                   r.baseline["per_position"])):
-        assert pd_rate == pytest.approx(base_rate, rel=0.02, abs=1e-12), (pos, r.pd, r.baseline)
+    # Request by request, D accepts exactly what the baseline accepts at every position.
+    for q in r.requests:
+        assert q["pd"]["accepted_per_pos"] == q["baseline"]["accepted_per_pos"], q["id"]
+        # vLLM 0.32 on D counts one more draft per request, all rejected: its first decode step
+        # after the KV load (with max_tokens=1, D counts 1 draft and the baseline 0).
+        assert q["extra_pd_drafts"] == 1, q
+    # Without those drafts PD equals the baseline within 2% at every position; vLLM's raw
+    # rates on D are lower by exactly extra / num_drafts (reported, not hidden).
+    n, extra = r.pd["num_drafts"], r.pd["extra_drafts_vs_baseline"]
+    for pos, (adj, raw, base_rate) in enumerate(zip(r.pd["per_position_without_extra_drafts"],
+                                                    r.pd["per_position"],
+                                                    r.baseline["per_position"])):
+        assert adj == pytest.approx(base_rate, rel=0.02, abs=1e-12), (pos, r.pd, r.baseline)
+        assert raw == pytest.approx(base_rate * (n - extra) / n, rel=1e-9, abs=1e-12)
+    assert any("more drafts than the baseline" in note for note in r.notes)
     # Knob values are read back from the servers' processes, not echoed from the request.
     for role in ("p", "d", "baseline"):
         assert r.knobs[role]["finalize"] == "deferred", r.knobs

@@ -462,8 +462,30 @@ class Session:
             d = first_diff(r["pd_tokens"], r["baseline_tokens"])
             r["agree"] = d is None
             r["first_diff"] = d
+            r["extra_pd_drafts"] = r["pd"]["num_drafts"] - r["baseline"]["num_drafts"]
         if both:
             result.token_agreement = sum(r["agree"] for r in both) / len(both)
+            self._extra_drafts(result, both)
+
+    @staticmethod
+    def _extra_drafts(result: Result, both: list[dict]) -> None:
+        """D counts one draft more per request than the baseline (its first decode step after
+        the KV load verifies a draft, and every token of it is rejected; measured: with
+        max_tokens=1 D counts 1 draft, the baseline 0). Report the rates without those drafts
+        next to vLLM's raw rates, so a reader can tell this accounting from lost acceptance."""
+        extra = sum(r["extra_pd_drafts"] for r in both)
+        pd = result.pd
+        pd["extra_drafts_vs_baseline"] = extra
+        denom = pd["num_drafts"] - extra
+        pd["per_position_without_extra_drafts"] = (
+            [a / denom for a in pd["accepted_per_pos"]] if denom > 0 else None)
+        if extra:
+            result.notes.append(
+                f"D counted {extra} more drafts than the baseline over {len(both)} requests "
+                "(one per request: D's first step after the KV load verifies a draft whose "
+                "tokens are all rejected), which lowers vLLM's per-position rates on D by "
+                f"{extra}/{pd['num_drafts']} relative. 'per_position_without_extra_drafts' "
+                "removes them.")
 
 
 def _default_command() -> str:
