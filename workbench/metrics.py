@@ -34,33 +34,22 @@ class SpecCounters:
     prefix_hits: float = 0.0
     generation_tokens: float = 0.0
 
-    def __sub__(self, before: SpecCounters) -> SpecCounters:
-        n = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
-        a = self.accepted_per_pos + [0.0] * (n - len(self.accepted_per_pos))
-        b = before.accepted_per_pos + [0.0] * (n - len(before.accepted_per_pos))
-        return SpecCounters(
-            num_drafts=self.num_drafts - before.num_drafts,
-            num_draft_tokens=self.num_draft_tokens - before.num_draft_tokens,
-            num_accepted=self.num_accepted - before.num_accepted,
-            accepted_per_pos=[x - y for x, y in zip(a, b)],
-            prefix_queries=self.prefix_queries - before.prefix_queries,
-            prefix_hits=self.prefix_hits - before.prefix_hits,
-            generation_tokens=self.generation_tokens - before.generation_tokens,
-        )
-
-    def __add__(self, other: SpecCounters) -> SpecCounters:
+    def _combine(self, other: SpecCounters, op) -> SpecCounters:
         n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
         a = self.accepted_per_pos + [0.0] * (n - len(self.accepted_per_pos))
         b = other.accepted_per_pos + [0.0] * (n - len(other.accepted_per_pos))
+        scalars = ("num_drafts", "num_draft_tokens", "num_accepted", "prefix_queries",
+                   "prefix_hits", "generation_tokens")
         return SpecCounters(
-            num_drafts=self.num_drafts + other.num_drafts,
-            num_draft_tokens=self.num_draft_tokens + other.num_draft_tokens,
-            num_accepted=self.num_accepted + other.num_accepted,
-            accepted_per_pos=[x + y for x, y in zip(a, b)],
-            prefix_queries=self.prefix_queries + other.prefix_queries,
-            prefix_hits=self.prefix_hits + other.prefix_hits,
-            generation_tokens=self.generation_tokens + other.generation_tokens,
+            accepted_per_pos=[op(x, y) for x, y in zip(a, b)],
+            **{f: op(getattr(self, f), getattr(other, f)) for f in scalars},
         )
+
+    def __sub__(self, before: SpecCounters) -> SpecCounters:
+        return self._combine(before, lambda x, y: x - y)
+
+    def __add__(self, other: SpecCounters) -> SpecCounters:
+        return self._combine(other, lambda x, y: x + y)
 
     # --- acceptance math -------------------------------------------------------------------
     def per_position(self) -> list[float]:
