@@ -157,25 +157,38 @@ def _autocast(device):
     return torch.autocast("cpu", enabled=False)
 
 
+def _load_finished(model, final, device, log, label):
+    """The info of a finished phase (weights loaded into ``model``), or None."""
+    if not os.path.exists(final):
+        return None
+    st = torch.load(final, map_location=device)
+    model.load_state_dict(st["model"])
+    log(f"{label}: loaded finished checkpoint {final}")
+    return st["info"]
+
+
+def _resume(model, opt, ck, device, log, label):
+    """Restore an interrupted phase from its checkpoint; return (step, elapsed seconds)."""
+    if not os.path.exists(ck):
+        return 0, 0.0
+    st = torch.load(ck, map_location=device)
+    model.load_state_dict(st["model"])
+    opt.load_state_dict(st["opt"])
+    log(f"{label}: resuming at step {st['step']}")
+    return st["step"], st["elapsed"]
+
+
 def train_target(cfg, hp, train_ids, held_ids, work, device, seed, log):
     from tqdm import tqdm
 
     ck = os.path.join(work, "target_ckpt.pt")
     final = os.path.join(work, "target_final.pt")
     model = Llama(cfg).to(device)
-    if os.path.exists(final):
-        st = torch.load(final, map_location=device)
-        model.load_state_dict(st["model"])
-        log(f"target: loaded finished checkpoint {final}")
-        return model, st["info"]
+    info = _load_finished(model, final, device, log, "target")
+    if info is not None:
+        return model, info
     opt = _make_opt(model, hp["target_lr"], hp["weight_decay"], device)
-    step, elapsed = 0, 0.0
-    if os.path.exists(ck):
-        st = torch.load(ck, map_location=device)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
-        step, elapsed = st["step"], st["elapsed"]
-        log(f"target: resuming at step {step}")
+    step, elapsed = _resume(model, opt, ck, device, log, "target")
     total = hp["target_steps"]
     _check_total(ck, step, total, log)
     t0, last_ck = time.time() - elapsed, time.time()
@@ -250,19 +263,11 @@ def finetune_target_ul(model, cfg, hp, train_ids, held_ids, work, device, seed, 
 
     ck = os.path.join(work, "target_ul_ckpt.pt")
     final = os.path.join(work, "target_ul_final.pt")
-    if os.path.exists(final):
-        st = torch.load(final, map_location=device)
-        model.load_state_dict(st["model"])
-        log(f"target UL: loaded finished checkpoint {final}")
-        return model, st["info"]
+    info = _load_finished(model, final, device, log, "target UL")
+    if info is not None:
+        return model, info
     opt = _make_opt(model, hp["ul_lr"], hp["weight_decay"], device)
-    step, elapsed = 0, 0.0
-    if os.path.exists(ck):
-        st = torch.load(ck, map_location=device)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
-        step, elapsed = st["step"], st["elapsed"]
-        log(f"target UL: resuming at step {step}")
+    step, elapsed = _resume(model, opt, ck, device, log, "target UL")
     total = hp["ul_steps"]
     t0, last_ck = time.time() - elapsed, time.time()
     bar = tqdm(total=total, initial=step, desc="target-UL", dynamic_ncols=True, mininterval=2)
