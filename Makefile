@@ -22,7 +22,7 @@ $(STAMP): requirements/cpu.txt pyproject.toml
 	touch $@
 
 test: setup
-	$(PY) -m pytest -v --timeout=1500 -m "not browser" $(PYTEST_ARGS) tests
+	$(PY) -m pytest -v --timeout=600 --durations=20 -m "not browser" $(PYTEST_ARGS) tests
 
 figures: setup
 	$(PY) -m workbench sweep --grid default --out $(FIGURES_OUT)

@@ -70,18 +70,7 @@ def pd_session(tmp_path_factory):
     from workbench.experiment import Session
 
     with Session(tmp_path_factory.mktemp("pd-session")) as s:
-        OPEN_SESSIONS.append(s)
         yield s
-
-
-OPEN_SESSIONS: list = []
-
-
-def stop_shared_servers() -> None:
-    """Idle P and D workers busy-wait on their pinned cores; tests that start engines of their
-    own stop the shared servers first (the next user of ``pd_session`` restarts them)."""
-    for s in OPEN_SESSIONS:
-        s.stop()
 
 
 def tree_pids(server) -> set[int]:

@@ -68,11 +68,16 @@ def test_clipped_handoff_or_no_prefill_lookahead_restores_every_request(pd_sessi
         assert q["pd"]["accepted_per_pos"] == q["baseline"]["accepted_per_pos"], q["id"]
 
 
-def test_dirty_blocks_hurt_more_than_zeroed_when_d_loads_only_the_last_block(pd_session,
+def test_stale_blocks_hurt_more_than_zeroed_when_d_loads_only_the_last_block(pd_session,
                                                                               base_cfg):
+    """Notes, section 11: D holds all but the prompt's last block and loads P's never-written
+    lookahead block in its place. Stale KV there (noise at std 100, ``poisoned``: the scale of
+    the notes' hand measurement) must hurt more than zeros. ``dirty`` (std 1) is not used
+    here: at this model's K/V scale it reads almost like zeros (measured: same agreement,
+    first differing token 15.25 vs 14.75 over 8 requests)."""
     cfg = replace(base_cfg, prompt_set="lastblock", num_prompts=8, max_tokens=32)
     out = {}
-    for blocks in ("zeroed", "dirty"):
+    for blocks in ("zeroed", "poisoned"):
         r = pd_session.run(knobs(cfg, block_handoff="legacy", blocks=blocks))
         assert r.knobs["p"]["blocks"] == blocks
         rows = [q for q in r.requests if q["affected"]]
@@ -82,8 +87,8 @@ def test_dirty_blocks_hurt_more_than_zeroed_when_d_loads_only_the_last_block(pd_
         out[blocks] = {"agree": sum(q["agree"] for q in rows), "first": statistics.mean(first),
                        "acc0": sum(q["pd"]["accepted_per_pos"][0] for q in rows)
                        / max(1, sum(q["pd"]["num_drafts"] for q in rows))}
-    assert out["dirty"]["agree"] <= out["zeroed"]["agree"], out
-    assert out["dirty"]["first"] < out["zeroed"]["first"], out
+    assert out["poisoned"]["agree"] <= out["zeroed"]["agree"], out
+    assert out["poisoned"]["first"] < out["zeroed"]["first"], out
 
 
 HOST_STAGED_HANG = (

@@ -464,3 +464,52 @@ def test_mrv2_eager_order_on_fake_connector_no_gpu(unpatch):
         else:
             assert "wait_for_save" not in at_finish
             assert "wait_for_save" in after and "clear_connector_metadata" in after
+
+
+# --- NIXL progress-thread delay (CPU profile) ----------------------------------------------
+
+NIXL_PROBE = """
+import json, sys
+import nixl._api as api
+from workbench.knobs import nixl_progress
+assert nixl_progress.install(int(sys.argv[1]), api=api)
+cfg = api.nixlBind.nixlAgentConfig()
+cfg.pthrDelay = 0              # what nixl_agent.__init__ writes
+zero = cfg.pthrDelay
+cfg.pthrDelay = 7              # any other value passes through
+agent = api.nixl_agent("probe", api.nixl_agent_config(num_threads=1))
+print(json.dumps([zero, cfg.pthrDelay]))
+"""
+
+
+def test_nixl_progress_delay_reaches_the_real_agent_config():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", NIXL_PROBE, "1000"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [1000, 7]
+
+
+def test_nixl_progress_delay_env_is_checked(monkeypatch):
+    from workbench.knobs import nixl_progress
+
+    monkeypatch.setenv(spec.ENV_NIXL_PROGRESS_DELAY_US, "soon")
+    with pytest.raises(ValueError, match="soon"):
+        nixl_progress.requested_delay_us()
+    monkeypatch.setenv(spec.ENV_NIXL_PROGRESS_DELAY_US, "1000")
+    assert nixl_progress.requested_delay_us() == 1000
+
+
+def test_cpu_profile_servers_get_the_delay_gpu_profiles_do_not(tmp_path):
+    from workbench.config import ExperimentConfig
+    from workbench.experiment import Session
+
+    s = Session(tmp_path)
+    envs = {r.role: r.env() for r in s.specs(ExperimentConfig(require_models=False))}
+    assert envs["p"][spec.ENV_NIXL_PROGRESS_DELAY_US] == "1000"
+    assert envs["d"][spec.ENV_NIXL_PROGRESS_DELAY_US] == "1000"
+    assert spec.ENV_NIXL_PROGRESS_DELAY_US not in envs["baseline"]  # no connector, no NIXL
+    gpu = ExperimentConfig.for_profile("gpu", require_models=False)
+    assert all(spec.ENV_NIXL_PROGRESS_DELAY_US not in r.env() for r in s.specs(gpu))

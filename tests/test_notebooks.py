@@ -1,8 +1,8 @@
 """Every notebook runs headless through papermill against real vLLM servers on the CPU.
 
 The tour and the explorer attach to the shared ``pd_session`` servers (one start for the whole
-suite); the sweep runs ``workbench.sweep.run_sweep`` (which owns its servers and executes
-``notebooks/sweep.ipynb`` once per point), is interrupted after its first point and resumed.
+suite); so does the sweep: ``workbench.sweep.run_sweep`` executes ``notebooks/sweep.ipynb``
+once per point, is interrupted after its first point and resumed.
 Assertions are on what the notebooks wrote: result.json files, CSVs, figures and their
 provenance metadata, and the injected parameters showing up in the results' config.
 """
@@ -152,9 +152,8 @@ def test_explorer_runs_headless_through_run_once(attach, small_cfg, tmp_path):
 
 
 def test_sweep_resumes_after_interrupt_and_aggregates(pd_session, small_cfg, tmp_path):
-    # Six vLLM servers on two cores would crawl (idle CPU workers busy-wait): free the
-    # shared ones while the sweep owns its own; the next user of pd_session restarts them.
-    pd_session.stop()
+    # The sweep runs on the shared servers (``make figures`` starts its own; same code path
+    # from ``session.ensure`` on), so the interrupt must leave them running.
     points = [Point("fixed", small_cfg.prompt_set, {}, "parity"),
               Point("eager finalize", small_cfg.prompt_set, {"finalize": "eager"}, "parity")]
     out = tmp_path / "sweep"
@@ -166,7 +165,8 @@ def test_sweep_resumes_after_interrupt_and_aggregates(pd_session, small_cfg, tmp
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_sweep(points, out, small_cfg, on_point=interrupt_second)
+        run_sweep(points, out, small_cfg, on_point=interrupt_second, session=pd_session)
+    assert all(server.alive() for server in pd_session.servers.values())
     first = out / "points" / "fixed" / "result.json"
     assert load_result(first)["knobs"]["d"]["finalize"] == "deferred"
     assert not (out / "points" / "eager-finalize" / "result.json").exists()
@@ -174,7 +174,8 @@ def test_sweep_resumes_after_interrupt_and_aggregates(pd_session, small_cfg, tmp
     mtime = first.stat().st_mtime_ns
 
     seen.clear()
-    table = run_sweep(points, out, small_cfg, on_point=lambda pt, s: seen.append((pt.slug, s)))
+    table = run_sweep(points, out, small_cfg, on_point=lambda pt, s: seen.append((pt.slug, s)),
+                      session=pd_session)
     assert seen == [("fixed", "skipped (complete)"), ("eager-finalize", "running")]
     assert first.stat().st_mtime_ns == mtime, "the completed point was run again"
     second = load_result(out / "points" / "eager-finalize" / "result.json")

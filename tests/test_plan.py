@@ -44,3 +44,26 @@ def test_gpu_plan_host_staged_uses_vllms_own_cpu_buffer_no_gpu():
     for s in servers[:2]:
         cfg = json.loads(s["argv"][s["argv"].index("--kv-transfer-config") + 1])
         assert cfg["kv_buffer_device"] == "cpu"
+
+
+def test_gpu_results_get_pass_fail_against_vllms_reference_no_gpu():
+    """Stands in for a GPU run: numbers typed in, not measured. The baseline at the reference
+    figures passes; D at the regression that started the investigation (position 2 at
+    0.3360, 5.2% low) fails."""
+    from workbench.results import Result
+
+    def side(length, per_pos):
+        return {"acceptance_length": length, "per_position": per_pos, "num_drafts": 1000,
+                "conditional": per_pos}
+
+    r = Result(config={"profile": "gpu", "k_p": 1, "k_d": 3}, command="", vllm_version="0.32.0",
+               git_commit="x", created="", prompt_set="mt_bench", num_prompts=80,
+               wall_seconds=1.0, engine_seconds=1.0, knobs={},
+               baseline=side(2.60, [0.7296, 0.5208, 0.3545]),
+               pd=side(2.58, [0.7296, 0.5208, 0.3360]), token_agreement=1.0)
+    row = r.summary_row()
+    assert row["baseline_vs_expected"] == "pass"
+    assert row["pd_vs_expected"] == "fail"
+    assert row["pd_rel_err_acceptance_length"] == pytest.approx(-0.02 / 2.60)
+    cpu = Result(**{**r.to_dict(), "config": {"profile": "cpu"}}).summary_row()
+    assert "baseline_vs_expected" not in cpu  # no reference figures for the CPU models

@@ -194,13 +194,6 @@ def test_shipped_size_budget():
 
 # --------------------------------------------------------------------------- vLLM tests
 
-@pytest.fixture(scope="module", autouse=True)
-def _no_idle_pd_servers():
-    from conftest import stop_shared_servers
-
-    stop_shared_servers()
-
-
 @pytest.mark.vllm
 def test_tiny_pair_runs_in_vllm(tiny_trained):
     from workbench.training.evaluate import make_llm, run_batch

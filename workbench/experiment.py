@@ -191,6 +191,7 @@ class Session:
             dtype=prof.dtype, seed=cfg.seed, enforce_eager=prof.enforce_eager,
             knobs_file=self.knobs_file, knobs_state_dir=self.state_dir,
             transfer=cfg.knobs["transfer"], kv_buffer_device=buffer,
+            nixl_progress_delay_us=prof.nixl_progress_delay_us,
         )
         roles = {"p": (cfg.k_p, "kv_producer"), "d": (cfg.k_d, "kv_consumer"),
                  "baseline": (cfg.k_d, None)}

@@ -115,18 +115,30 @@ def relative_error(results: Sequence[Result], out_dir, stem="relative_error") ->
         ax.axhspan(-100 * TOLERANCE, 100 * TOLERANCE, color="tab:green", alpha=0.12,
                    label="±5% (vLLM's test tolerance)")
         width = 0.8 / max(1, len(results))
+        marked = False
         for i, r in enumerate(results):
             base = np.array(r.baseline["per_position"])
-            pd_ = np.array(r.pd["per_position"])
-            with np.errstate(divide="ignore", invalid="ignore"):
-                rel = np.where(base > 0, 100 * (pd_ - base) / base, 0.0)
-            ax.bar(np.arange(k) - 0.4 + width * (i + 0.5), rel, width, label=label(r))
+            x = np.arange(k) - 0.4 + width * (i + 0.5)
+            ax.bar(x, _rel(r.pd["per_position"], base), width, label=label(r))
+            # vLLM's raw rates on D include one all-rejected draft per request that the
+            # baseline never counts (see experiment._extra_drafts); show both, hide neither.
+            adj = r.pd.get("per_position_without_extra_drafts")
+            if adj and r.pd.get("extra_drafts_vs_baseline"):
+                ax.plot(x, _rel(adj, base), "o", mfc="none", mec="black", ms=5,
+                        label=None if marked else "without D's extra drafts")
+                marked = True
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(range(k), [f"position {i}" for i in range(k)])
         ax.set_ylabel("relative error vs baseline (%)")
         ax.legend(fontsize=7)
         ax.set_title("PD acceptance relative to the baseline")
         return save(fig, out_dir, stem, provenance(results))
+
+
+def _rel(rates, base: np.ndarray) -> np.ndarray:
+    """100 * (rates - base) / base, 0 where the baseline accepted nothing."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(base > 0, 100 * (np.array(rates) - base) / base, 0.0)
 
 
 def split_affected(results: Sequence[Result], out_dir, stem="affected_split") -> list[Path]:

@@ -37,11 +37,14 @@ class Profile:
     default_prompt_set: str = "indomain"
     default_max_tokens: int = 64
     expected: dict | None = None
+    # Sleep between NIXL progress-thread polls (workbench/knobs/nixl_progress.py). 0: NIXL's
+    # busy polling, as vLLM runs it; on the 2-core CPU box that costs each idle P/D a core.
+    nixl_progress_delay_us: int = 0
 
 
 PROFILES: dict[str, Profile] = {
     "cpu": Profile("cpu", "cpu", block_size=32, dtype="float32",
-                   cpus={"p": "0", "d": "1", "baseline": "1"}),
+                   cpus={"p": "0", "d": "1", "baseline": "1"}, nixl_progress_delay_us=1000),
     # P and D on separate GPUs (the baseline shares D's GPU and runs while PD is idle).
     "gpu": Profile("gpu", "cuda", block_size=16, dtype="auto", kv_buffer_device="cuda",
                    gpus={"p": "0", "d": "1", "baseline": "1"},
@@ -59,6 +62,18 @@ PROFILES: dict[str, Profile] = {
                           default_prompt_set="mt_bench", default_max_tokens=256,
                           expected=GPU_EXPECTED),
 }
+
+
+def check_expected(side: dict, expected: dict) -> dict:
+    """Measured acceptance against a profile's reference figures, with its two-sided relative
+    tolerance on the acceptance length and on every position (as vLLM's test checks them)."""
+    tol = expected["rel_tolerance"]
+    ref_len, ref_pos = expected["acceptance_length"], expected["per_position"]
+    rel_len = (side["acceptance_length"] - ref_len) / ref_len
+    rel_pos = [(m - r) / r for m, r in zip(side["per_position"], ref_pos)]
+    ok = (abs(rel_len) <= tol and len(side["per_position"]) == len(ref_pos)
+          and all(abs(e) <= tol for e in rel_pos))
+    return {"pass": ok, "rel_err_acceptance_length": rel_len, "rel_err_per_position": rel_pos}
 
 
 def get(name: str) -> Profile:

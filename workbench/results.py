@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import paths
+from . import paths, profiles
 
 
 def git_commit() -> str:
@@ -125,6 +125,14 @@ class Result:
             row[f"{side}_num_drafts"] = s["num_drafts"]
             for i, r in enumerate(s["per_position"]):
                 row[f"{side}_pos{i}"] = r
+            for i, r in enumerate(s.get("per_position_without_extra_drafts") or []):
+                row[f"{side}_pos{i}_without_extra_drafts"] = r
+            # A profile with reference figures (gpu: vLLM's test) gets pass/fail next to them.
+            expected = profiles.get(self.config.get("profile", "cpu")).expected
+            if expected:
+                check = profiles.check_expected(s, expected)
+                row[f"{side}_vs_expected"] = "pass" if check["pass"] else "fail"
+                row[f"{side}_rel_err_acceptance_length"] = check["rel_err_acceptance_length"]
         return row
 
 

@@ -75,6 +75,7 @@ class ServerSpec:
     knobs_state_dir: Path | None = None
     transfer: str = "direct"
     side_channel_port: int | None = None
+    nixl_progress_delay_us: int = 0
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -148,6 +149,8 @@ class ServerSpec:
         if self.side_channel_port is not None:
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.side_channel_port)
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self.host
+            if self.nixl_progress_delay_us:
+                env[knob_spec.ENV_NIXL_PROGRESS_DELAY_US] = str(self.nixl_progress_delay_us)
         env.update(self.extra_env)
         return env
 

@@ -8,12 +8,14 @@ knob changes, and the executed notebook stays on disk as the record of that run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -21,6 +23,9 @@ from . import paths
 from .config import ConfigError, ExperimentConfig
 from .knobs import spec as knob_spec
 from .results import Result
+
+if TYPE_CHECKING:
+    from .experiment import Session
 
 SWEEP_NOTEBOOK = paths.REPO / "notebooks" / "sweep.ipynb"
 
@@ -116,8 +121,12 @@ def run_sweep(
     use_papermill: bool = True,
     resume: bool = True,
     on_point: Callable[[Point, str], None] | None = None,
+    session: Session | None = None,
 ) -> pd.DataFrame:
-    """Run every point not yet complete, then aggregate everything under ``out``."""
+    """Run every point not yet complete, then aggregate everything under ``out``.
+
+    With ``session`` the sweep runs on servers someone else owns (a notebook's, a test's)
+    and leaves them running; otherwise it starts its own and stops them at the end."""
     from .experiment import Session
 
     points = grid_points(grid) if isinstance(grid, str) else list(grid)
@@ -125,7 +134,10 @@ def run_sweep(
     (out / "points").mkdir(parents=True, exist_ok=True)
     todo = [pt for pt in points if not (resume and is_complete(out / "points" / pt.slug))]
     timing = {"started": time.time(), "points_run": len(todo), "points_skipped": len(points) - len(todo)}
-    with Session(out / "logs", baseline_cache=out / "baseline-cache") as session:
+    owned = session is None
+    if owned:
+        session = Session(out / "logs", baseline_cache=out / "baseline-cache")
+    with session if owned else contextlib.nullcontext(session):
         for pt in points:
             point_dir = out / "points" / pt.slug
             if pt not in todo:
@@ -141,7 +153,7 @@ def run_sweep(
                     "urls": {r: s.url for r, s in session.servers.items()},
                     "knobs_file": str(session.knobs_file),
                     "state_dir": str(session.state_dir),
-                    "baseline_cache": str(session.baseline_cache),
+                    "baseline_cache": str(session.baseline_cache or out / "baseline-cache"),
                 }
                 execute_point(cfg, attach, point_dir, out / "points" / f"{pt.slug}.ipynb")
             else:

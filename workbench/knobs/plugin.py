@@ -1,8 +1,9 @@
 """vLLM general plugin: the workbench's knobs inside vLLM's processes.
 
 vLLM calls :func:`register` in every process it starts (API server, engine core, workers).
-It does nothing unless ``WORKBENCH_KNOBS_FILE`` is set. Otherwise it checks the vLLM
-version and installs class-level patches in this process:
+It does nothing unless ``WORKBENCH_KNOBS_FILE`` (or ``WORKBENCH_NIXL_PROGRESS_DELAY_US``,
+see ``nixl_progress.py``) is set. Otherwise it checks the vLLM version and installs
+class-level patches in this process:
 
 * always: hooks that start a *component* once the object it controls exists:
   ``Scheduler.__init__`` -> the ``engine_core`` component (scheduler-side knobs:
@@ -57,14 +58,22 @@ def check_version(version: str | None = None) -> str:
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. Cheap and idempotent."""
     global _installed
-    if not os.environ.get(spec.ENV_CONTROL_FILE):
-        return
     if _installed:
+        return
+    from . import nixl_progress
+
+    delay_us = nixl_progress.requested_delay_us()
+    if not (os.environ.get(spec.ENV_CONTROL_FILE) or delay_us):
         return
     with _lock:
         if _installed:
             return
         check_version()
+        if delay_us:
+            nixl_progress.install(delay_us)
+        if not os.environ.get(spec.ENV_CONTROL_FILE):
+            _installed = True
+            return
         from . import transfer
 
         _install_engine_hook()
@@ -157,7 +166,7 @@ def runner_kind(model_runner) -> str:
 
 
 def _start_worker(worker) -> None:
-    from . import blocks, control, finalize, transfer
+    from . import blocks, control, finalize, nixl_progress, transfer
 
     mr = worker.model_runner
     runner = runner_kind(mr)
@@ -169,6 +178,7 @@ def _start_worker(worker) -> None:
         "num_blocks": getattr(getattr(mr, "kv_cache_config", None), "num_blocks", None),
         "speculative": getattr(mr, "speculative_config", None) is not None,
         "transfer_env": transfer.requested(),
+        "nixl_progress_delay_us": nixl_progress.requested_delay_us(),
     }
     control.start_component(
         "worker", worker,

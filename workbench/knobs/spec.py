@@ -90,6 +90,7 @@ ENV_CONTROL_FILE = "WORKBENCH_KNOBS_FILE"  # JSON written by the workbench, poll
 ENV_STATE_DIR = "WORKBENCH_KNOBS_STATE_DIR"  # each vLLM process writes what is in force here
 ENV_ROLE = "WORKBENCH_ROLE"  # "p", "d" or "baseline"
 ENV_TRANSFER = "WORKBENCH_TRANSFER"  # restart-time knob, fixed for the server's life
+ENV_NIXL_PROGRESS_DELAY_US = "WORKBENCH_NIXL_PROGRESS_DELAY_US"  # see nixl_progress.py
 
 
 def defaults() -> dict[str, str]:
