@@ -6,12 +6,10 @@ leaked into requests it should not touch.
 
 from __future__ import annotations
 
-import os
 import statistics
 from dataclasses import replace
 
 import pytest
-
 from conftest import tree_pids
 
 pytestmark = pytest.mark.vllm
@@ -91,17 +89,8 @@ def test_stale_blocks_hurt_more_than_zeroed_when_d_loads_only_the_last_block(pd_
     assert out["poisoned"]["first"] < out["zeroed"]["first"], out
 
 
-HOST_STAGED_HANG = (
-    "known hang, under investigation: on the restarted host-staged servers the third knob "
-    "version (a second noise fill) was never acknowledged by P's and the baseline's workers "
-    "within 180 s (their control threads stopped after the fill of version 2); see the "
-    "closing note of session 1. Run with WORKBENCH_RUN_HOST_STAGED=1 to try it.")
-
-
 @pytest.fixture(scope="module")
 def staged(pd_session, base_cfg):
-    if not os.environ.get("WORKBENCH_RUN_HOST_STAGED"):
-        pytest.skip(HOST_STAGED_HANG)
     """transfer=host-staged needs a restart (the staging buffer is registered with NIXL at
     start-up); run its three settings on one restarted server set."""
     cfg = knobs(replace(base_cfg, num_prompts=12, max_tokens=32), transfer="host-staged")

@@ -101,7 +101,7 @@ def per_position(results: Sequence[Result], out_dir, stem="per_position") -> lis
         ax.set_xticks(x, [f"position {i}" for i in range(k)])
         ax.set_ylabel("per-position acceptance on D")
         ax.set_ylim(0, 1)
-        ax.legend(fontsize=7, loc="upper right", ncol=1)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
         ax.set_title("Draft acceptance under PD vs the standalone baseline")
         return save(fig, out_dir, stem, provenance(results))
 
@@ -130,7 +130,7 @@ def relative_error(results: Sequence[Result], out_dir, stem="relative_error") ->
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(range(k), [f"position {i}" for i in range(k)])
         ax.set_ylabel("relative error vs baseline (%)")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
         ax.set_title("PD acceptance relative to the baseline")
         return save(fig, out_dir, stem, provenance(results))
 
@@ -228,7 +228,7 @@ def per_position_spread(groups: Sequence[Sequence[Result]], out_dir,
         ax.set_xticks(x, [f"position {i}" for i in range(k)])
         ax.set_ylabel("per-position acceptance on D")
         ax.set_ylim(0, 1)
-        ax.legend(fontsize=7, loc="upper right", ncol=1)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
         ax.set_title("Draft acceptance under PD vs the standalone baseline"
                      + ("\n(mean, min-max over repeats)" if any(len(g) > 1 for g in groups)
                         else ""))
