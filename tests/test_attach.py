@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import psutil
 
@@ -14,6 +15,7 @@ import pytest
 
 from conftest import alive
 from workbench import servers
+from workbench.knobs import control
 from workbench.config import ConfigError, ExperimentConfig
 from workbench.experiment import Session
 
@@ -60,13 +62,49 @@ def test_attached_run_starts_nothing_and_reads_knobs_back(remote, tiny_pair, mon
         assert servers.RemoteServer("x", url).alive()
 
 
-def test_attach_without_the_plugin_channel_says_so(remote, tiny_pair):
+def test_knobs_travel_over_http_when_no_file_is_shared(remote, tiny_pair):
+    """Servers on another machine share no files: the plugin's worker method, reached through
+    vLLM's POST /collective_rpc, writes each server's own control file and reads back."""
     cfg = ExperimentConfig(target=tiny_pair[0], drafter=tiny_pair[1], prompt_set="random",
-                           num_prompts=2, max_tokens=8)
-    with Session.attach(remote["urls"]) as s:
+                           num_prompts=2, max_tokens=8,
+                           knobs={"finalize": "eager", "block_handoff": "legacy"})
+    with Session.attach(remote["urls"]) as s:  # URLs only
+        assert s.knobs_over_http, s.knobs_channel_problem
+        r = s.run(cfg)
+        assert r.knobs["channel"] == "http"
+        assert r.knobs["d"]["finalize"] == "eager" and r.knobs["p"]["block_handoff"] == "legacy"
+        back = s.run(replace(cfg, knobs={}))  # and back to the defaults
+        assert back.knobs["d"]["finalize"] == "deferred"
+        assert back.knobs["p"]["block_handoff"] == "clipped"
+    # The same servers' state files (shared here) agree with what came over HTTP.
+    states = [st for st in control.read_states(remote["state_dir"]) if st["role"] == "p"]
+    assert states and all(st["knobs"].get("block_handoff", "clipped") == "clipped"
+                          for st in states)
+
+
+@pytest.fixture(scope="module")
+def plain_server(tiny_pair, tmp_path_factory):
+    """A vLLM server without the plugin (VLLM_PLUGINS names none of ours), dev mode on."""
+    spec = servers.ServerSpec(role="baseline", target=tiny_pair[0], drafter=tiny_pair[1],
+                              num_speculative_tokens=3, log_dir=tmp_path_factory.mktemp("plain"),
+                              cpus="1", extra_env={"VLLM_PLUGINS": "none"})
+    with servers.VllmServer(spec) as server:
+        server.wait_ready(300)
+        yield server
+
+
+def test_attach_to_a_server_without_the_plugin_says_so(plain_server, tiny_pair):
+    cfg = ExperimentConfig(target=tiny_pair[0], drafter=tiny_pair[1], prompt_set="random",
+                           num_prompts=2, max_tokens=8, run_pd=False)
+    pid = plain_server.proc.pid
+    assert plain_server.start().proc.pid == pid  # starting a running server starts nothing
+    with Session.attach({"baseline": plain_server.url}) as s:
+        assert not s.knobs_over_http
+        assert "plugin is not loaded" in s.knobs_channel_problem, s.knobs_channel_problem
         r = s.run(cfg)  # defaults: vLLM untouched, runs without the channel
-        assert r.knobs["d"]["finalize"].startswith("unknown")
-        with pytest.raises(ConfigError, match="plugin"):
-            s.run(ExperimentConfig(target=tiny_pair[0], drafter=tiny_pair[1],
-                                   prompt_set="random", num_prompts=2,
-                                   knobs={"block_handoff": "legacy"}))
+        assert r.baseline["num_drafts"] > 0
+        assert r.knobs["baseline"]["finalize"].startswith("unknown")
+        with pytest.raises(ConfigError, match="plugin is not loaded"):
+            s.run(replace(cfg, knobs={"blocks": "zeroed"}))
+    with pytest.raises(ConfigError, match="no knob channel over HTTP"):
+        Session.attach({"baseline": plain_server.url}, knobs_over_http=True)

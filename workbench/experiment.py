@@ -26,7 +26,7 @@ import httpx
 
 from . import metrics, profiles, prompts as prompt_sets
 from .config import ConfigError, ExperimentConfig
-from .knobs import control
+from .knobs import control, http_channel
 from .knobs import spec as knob_spec
 from .results import Result, git_commit
 from .servers import RemoteServer, ServerSpec, start_all
@@ -143,12 +143,20 @@ class Session:
         # Baseline results keyed by what determines them (servers' shape, prompts, tokens):
         # the baseline does not depend on PD knobs, so a sweep measures it once per prompt set.
         self.baseline_cache = Path(baseline_cache) if baseline_cache else None
+        self.knobs_over_http = False  # attach mode: knobs via POST /collective_rpc
+        self.knobs_channel_problem: str | None = None
 
     @classmethod
     def attach(cls, urls: dict[str, str], *, knobs_file: str | Path | None = None,
                state_dir: str | Path | None = None, log_dir: str | Path | None = None,
-               baseline_cache: str | Path | None = None) -> Session:
-        """Use servers that are already running (started by a sweep driver, or by hand)."""
+               baseline_cache: str | Path | None = None,
+               knobs_over_http: bool | None = None) -> Session:
+        """Use servers that are already running (started by a sweep driver, or by hand).
+
+        Knobs travel through the control file when ``knobs_file`` and ``state_dir`` are given
+        (same machine); otherwise over HTTP (``knobs.http_channel``) when every server answers
+        it. ``knobs_over_http=None`` tries HTTP and records why it is unavailable; ``True``
+        requires it; ``False`` never tries."""
         s = cls(log_dir, baseline_cache=baseline_cache)
         unknown = set(urls) - {"p", "d", "baseline"}
         if unknown:
@@ -157,6 +165,16 @@ class Session:
         s.attached = True
         s.knobs_file = Path(knobs_file) if knobs_file else None
         s.state_dir = Path(state_dir) if state_dir else None
+        if s.knobs_file is None and s.state_dir is None and knobs_over_http is not False:
+            problems = {r: http_channel.probe(url) for r, url in urls.items()}
+            problems = {r: why for r, why in problems.items() if why}
+            if not problems:
+                s.knobs_over_http = True
+            else:
+                s.knobs_channel_problem = "; ".join(f"{r}: {why}" for r, why in problems.items())
+                if knobs_over_http:
+                    raise ConfigError(f"attach: no knob channel over HTTP: "
+                                      f"{s.knobs_channel_problem}")
         return s
 
     @classmethod
@@ -253,6 +271,8 @@ class Session:
         """Write the knob values, wait until every server process acks, return what's in force:
         ``{role: {knob: value}}`` read back from the servers, plus the client-side knobs and
         each process's full state under ``detail``."""
+        if self.knobs_over_http:
+            return self._apply_knobs_http(cfg, timeout)
         if self.knobs_file is None or self.state_dir is None:
             return self._knobs_unreachable(cfg)
         current = control.read_control(self.knobs_file) or {}
@@ -267,15 +287,38 @@ class Session:
         out["detail"] = merged
         return out
 
+    def _http_states(self) -> list[dict]:
+        return [st for role, s in self.servers.items()
+                for st in http_channel.states(s.url, role)]
+
+    def _apply_knobs_http(self, cfg: ExperimentConfig, timeout: float) -> dict[str, Any]:
+        """As ``apply_knobs``, each server's control file written by its own worker."""
+        current = [int((reply.get("control") or {}).get("version", 0))
+                   for s in self.servers.values() for reply in http_channel.call(s.url)]
+        self.version = max([self.version, *current]) + 1
+        request = {"version": self.version, "knobs": knob_spec.validate(dict(cfg.knobs)),
+                   "seed": cfg.seed}
+        for s in self.servers.values():
+            http_channel.call(s.url, request)
+        merged = control.wait_for_version("(over HTTP: POST /collective_rpc)", self.version,
+                                          tuple(self.servers), timeout, read=self._http_states)
+        out: dict[str, Any] = {role: m["knobs"] for role, m in merged.items()}
+        out["client"] = {n: cfg.knobs[n] for n in control.CLIENT_SIDE}
+        out["detail"] = merged
+        out["channel"] = "http"
+        return out
+
     def _knobs_unreachable(self, cfg: ExperimentConfig) -> dict[str, Any]:
         """Attach mode without the plugin's control channel: only vLLM's own behaviour."""
         changed = {n: v for n, v in cfg.knobs.items()
                    if v != knob_spec.KNOBS[n].default and n not in control.CLIENT_SIDE}
         if changed:
+            why = f" (over HTTP: {self.knobs_channel_problem})" if self.knobs_channel_problem else ""
             raise ConfigError(
                 f"knobs {changed} need the workbench plugin's control channel on the attached "
-                "servers (pass knobs_file and state_dir); without it only the defaults "
-                "(vLLM untouched) can run"
+                "servers (pass knobs_file and state_dir, or run the plugin in servers with "
+                f"VLLM_SERVER_DEV_MODE=1 for the HTTP channel){why}; without it only the "
+                "defaults (vLLM untouched) can run"
             )
         unknown = {n: "unknown (no plugin channel)" for n in knob_spec.KNOBS
                    if n not in control.CLIENT_SIDE}
@@ -285,9 +328,12 @@ class Session:
 
     def in_force(self) -> dict[str, Any]:
         """Every plugin process's state now (events counted during the last run included)."""
-        if self.state_dir is None:
+        if self.knobs_over_http:
+            states = self._http_states()
+        elif self.state_dir is None:
             return {}
-        states = control.read_states(self.state_dir)
+        else:
+            states = control.read_states(self.state_dir)
         return {role: control.merge_role([s for s in states if s.get("role") == role])
                 for role in self.servers}
 

@@ -206,6 +206,9 @@ class VllmServer:
         return self.spec.url
 
     def start(self) -> VllmServer:
+        """Start the server (no-op while it already runs: one object, one process tree)."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
         _install_handlers()
         self.spec.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.spec.log_path, "ab")

@@ -185,16 +185,18 @@ def wait_for_version(
     timeout: float = 60.0,
     logs: dict[str, str] | None = None,
     components: tuple[str, ...] = COMPONENTS,
+    read: Callable[[], list[dict]] | None = None,
 ) -> dict[str, dict]:
     """Wait until every component of every role in ``roles`` reports ``version``.
 
     Returns ``{role: merge_role(...)}``. Raises TimeoutError naming the role/component
     that did not acknowledge (and where its log is), RuntimeError if a component reported
-    errors while applying this version.
+    errors while applying this version. ``read`` replaces reading ``state_dir`` (the HTTP
+    channel reads remote servers' states).
     """
     deadline = time.monotonic() + timeout
     while True:
-        states = read_states(state_dir)
+        states = read() if read is not None else read_states(state_dir)
         missing: list[str] = []
         result: dict[str, dict] = {}
         for role in roles:

@@ -11,6 +11,9 @@ class-level patches in this process:
   ``Worker.initialize_from_config`` (after the KV cache and the connector exist) -> the
   ``worker`` component (finalize, blocks, dirty_source, transfer read-back). The API
   server process builds neither, so it runs no component and writes no state file.
+* ``Worker.workbench_knobs``: the knob channel over HTTP (``http_channel.py``), reached
+  through vLLM's dev-mode ``POST /collective_rpc`` when the workbench shares no files with
+  the server;
 * the mechanism patches (``finalize``, ``handoff``, ``lookahead``, ``blocks``) are inert
   until a component switches them on; ``transfer`` (restart-time) installs only when
   ``WORKBENCH_TRANSFER=host-staged``.
@@ -153,6 +156,10 @@ def _install_worker_hook() -> None:
         return initialize_from_config
 
     _patch.patch(Worker, "initialize_from_config", make)
+
+    from .http_channel import METHOD, worker_method
+
+    _patch.patch(Worker, METHOD, lambda _orig: worker_method, allow_missing=True)
 
 
 def runner_kind(model_runner) -> str:
