@@ -102,3 +102,17 @@ def test_knob_defaults_are_the_fixed_behaviour():
         "finalize": "deferred", "prefill_lookahead": "default", "block_handoff": "clipped",
         "blocks": "as-is", "dirty_source": "noise", "transfer": "direct", "double_bos": "off",
     }
+
+
+def test_session_paths_are_absolute(tmp_path, monkeypatch):
+    """Notebook kernels run with cwd notebooks/: a relative log dir (``make figures`` passes
+    data/results) would send them to another knob-state directory than the servers'."""
+    from workbench.experiment import Session
+
+    monkeypatch.chdir(tmp_path)
+    s = Session("rel/logs", baseline_cache="rel/cache")
+    assert s.log_dir == tmp_path / "rel" / "logs"
+    assert s.state_dir.is_absolute() and s.knobs_file.is_absolute()
+    assert s.baseline_cache == tmp_path / "rel" / "cache"
+    a = Session.attach({"d": "http://127.0.0.1:9"}, knobs_file="k.json", state_dir="st")
+    assert a.knobs_file == tmp_path / "k.json" and a.state_dir == tmp_path / "st"

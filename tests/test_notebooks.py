@@ -151,12 +151,16 @@ def test_explorer_runs_headless_through_run_once(attach, small_cfg, tmp_path):
     assert outputs_of(nb, "text/html"), "the table was not shown"
 
 
-def test_sweep_resumes_after_interrupt_and_aggregates(pd_session, small_cfg, tmp_path):
+def test_sweep_resumes_after_interrupt_and_aggregates(pd_session, small_cfg, tmp_path,
+                                                      monkeypatch):
     # The sweep runs on the shared servers (``make figures`` starts its own; same code path
     # from ``session.ensure`` on), so the interrupt must leave them running.
     points = [Point("fixed", small_cfg.prompt_set, {}, "parity"),
               Point("eager finalize", small_cfg.prompt_set, {"finalize": "eager"}, "parity")]
-    out = tmp_path / "sweep"
+    # A relative output directory, as `make figures` passes it (data/results): the point
+    # notebooks run with cwd notebooks/ and must still find the same files.
+    monkeypatch.chdir(tmp_path)
+    out = Path("sweep")
     seen: list[tuple[str, str]] = []
 
     def interrupt_second(pt, status):

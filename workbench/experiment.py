@@ -132,7 +132,8 @@ class Session:
         if log_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="workbench-")
             log_dir = self._tmp.name
-        self.log_dir = Path(log_dir)
+        # Absolute: servers, notebook kernels (cwd notebooks/) and this process share the paths.
+        self.log_dir = Path(log_dir).resolve()
         self.servers: dict[str, Any] = {}
         self.key: tuple | None = None
         self.version = 0
@@ -142,7 +143,7 @@ class Session:
         self.state_dir: Path | None = self.log_dir / "knob-state"
         # Baseline results keyed by what determines them (servers' shape, prompts, tokens):
         # the baseline does not depend on PD knobs, so a sweep measures it once per prompt set.
-        self.baseline_cache = Path(baseline_cache) if baseline_cache else None
+        self.baseline_cache = Path(baseline_cache).resolve() if baseline_cache else None
         self.knobs_over_http = False  # attach mode: knobs via POST /collective_rpc
         self.knobs_channel_problem: str | None = None
 
@@ -163,8 +164,8 @@ class Session:
             raise ConfigError(f"attach: unknown roles {sorted(unknown)}; allowed: p, d, baseline")
         s.servers = {role: RemoteServer(role, url) for role, url in urls.items()}
         s.attached = True
-        s.knobs_file = Path(knobs_file) if knobs_file else None
-        s.state_dir = Path(state_dir) if state_dir else None
+        s.knobs_file = Path(knobs_file).resolve() if knobs_file else None
+        s.state_dir = Path(state_dir).resolve() if state_dir else None
         if s.knobs_file is None and s.state_dir is None and knobs_over_http is not False:
             problems = {r: http_channel.probe(url) for r, url in urls.items()}
             problems = {r: why for r, why in problems.items() if why}

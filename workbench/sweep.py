@@ -133,7 +133,7 @@ def run_sweep(
     from .experiment import Session
 
     points = grid_points(grid) if isinstance(grid, str) else list(grid)
-    out = Path(out)
+    out = Path(out).resolve()  # each point's notebook runs with cwd notebooks/
     (out / "points").mkdir(parents=True, exist_ok=True)
     todo = [pt for pt in points if not (resume and is_complete(out / "points" / pt.slug))]
     timing = {"started": time.time(), "points_run": len(todo), "points_skipped": len(points) - len(todo)}
