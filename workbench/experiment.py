@@ -530,8 +530,9 @@ class Session:
         if extra:
             result.notes.append(
                 f"D counted {extra} more drafts than the baseline over {len(both)} requests "
-                "(one per request: D's first step after the KV load verifies a draft whose "
-                "tokens are all rejected), which lowers vLLM's per-position rates on D by "
+                "(one per request: vLLM's Scheduler pads D's first step after the KV load, a "
+                "one-token step, with num_spec_tokens placeholder drafts [-1]*k, which are all "
+                "rejected and counted as a draft), which lowers vLLM's per-position rates on D by "
                 f"{extra}/{pd['num_drafts']} relative. 'per_position_without_extra_drafts' "
                 "removes them.")
 
