@@ -273,27 +273,33 @@ class Session:
         ``{role: {knob: value}}`` read back from the servers, plus the client-side knobs and
         each process's full state under ``detail``."""
         if self.knobs_over_http:
-            return self._apply_knobs_http(cfg, timeout)
-        if self.knobs_file is None or self.state_dir is None:
+            self._write_knobs_http(cfg)
+            where: str | Path = "(over HTTP: POST /collective_rpc)"
+        elif self.knobs_file is None or self.state_dir is None:
             return self._knobs_unreachable(cfg)
-        current = control.read_control(self.knobs_file) or {}
-        self.version = max(self.version, int(current.get("version", 0))) + 1
-        control.write_control(self.knobs_file, self.version, cfg.knobs, cfg.seed)
+        else:
+            current = control.read_control(self.knobs_file) or {}
+            self.version = max(self.version, int(current.get("version", 0))) + 1
+            control.write_control(self.knobs_file, self.version, cfg.knobs, cfg.seed)
+            where = self.state_dir
         logs = {role: str(s.spec.log_path) for role, s in self.servers.items()}
-        merged = control.wait_for_version(
-            self.state_dir, self.version, tuple(self.servers), timeout, logs=logs
-        )
+        merged = control.wait_for_version(where, self.version, tuple(self.servers), timeout,
+                                          logs=logs, read=self._read_states)
         out: dict[str, Any] = {role: m["knobs"] for role, m in merged.items()}
         out["client"] = {n: cfg.knobs[n] for n in control.CLIENT_SIDE}
         out["detail"] = merged
+        out["channel"] = "http" if self.knobs_over_http else "file"
         return out
 
-    def _http_states(self) -> list[dict]:
-        return [st for role, s in self.servers.items()
-                for st in http_channel.states(s.url, role)]
+    def _read_states(self) -> list[dict]:
+        """Every plugin process's state, through whichever channel this session has."""
+        if self.knobs_over_http:
+            return [st for role, s in self.servers.items()
+                    for st in http_channel.states(s.url, role)]
+        return control.read_states(self.state_dir)
 
-    def _apply_knobs_http(self, cfg: ExperimentConfig, timeout: float) -> dict[str, Any]:
-        """As ``apply_knobs``, each server's control file written by its own worker."""
+    def _write_knobs_http(self, cfg: ExperimentConfig) -> None:
+        """Each server's control file, written by its own worker (one version for all)."""
         current = [int((reply.get("control") or {}).get("version", 0))
                    for s in self.servers.values() for reply in http_channel.call(s.url)]
         self.version = max([self.version, *current]) + 1
@@ -301,13 +307,6 @@ class Session:
                    "seed": cfg.seed}
         for s in self.servers.values():
             http_channel.call(s.url, request)
-        merged = control.wait_for_version("(over HTTP: POST /collective_rpc)", self.version,
-                                          tuple(self.servers), timeout, read=self._http_states)
-        out: dict[str, Any] = {role: m["knobs"] for role, m in merged.items()}
-        out["client"] = {n: cfg.knobs[n] for n in control.CLIENT_SIDE}
-        out["detail"] = merged
-        out["channel"] = "http"
-        return out
 
     def _knobs_unreachable(self, cfg: ExperimentConfig) -> dict[str, Any]:
         """Attach mode without the plugin's control channel: only vLLM's own behaviour."""
@@ -329,12 +328,9 @@ class Session:
 
     def in_force(self) -> dict[str, Any]:
         """Every plugin process's state now (events counted during the last run included)."""
-        if self.knobs_over_http:
-            states = self._http_states()
-        elif self.state_dir is None:
+        if not self.knobs_over_http and self.state_dir is None:
             return {}
-        else:
-            states = control.read_states(self.state_dir)
+        states = self._read_states()
         return {role: control.merge_role([s for s in states if s.get("role") == role])
                 for role in self.servers}
 

@@ -66,7 +66,8 @@ def register() -> None:
     from . import nixl_progress
 
     delay_us = nixl_progress.requested_delay_us()
-    if not (os.environ.get(spec.ENV_CONTROL_FILE) or delay_us):
+    knobs_on = bool(os.environ.get(spec.ENV_CONTROL_FILE))
+    if not (knobs_on or delay_us):
         return
     with _lock:
         if _installed:
@@ -74,7 +75,7 @@ def register() -> None:
         check_version()
         if delay_us:
             nixl_progress.install(delay_us)
-        if not os.environ.get(spec.ENV_CONTROL_FILE):
+        if not knobs_on:
             _installed = True
             return
         from . import transfer
