@@ -89,6 +89,25 @@ def test_stale_blocks_hurt_more_than_zeroed_when_d_loads_only_the_last_block(pd_
     assert out["poisoned"]["first"] < out["zeroed"]["first"], out
 
 
+def test_warmup_dirty_source_writes_nothing_and_says_what_blocks_held(pd_session, base_cfg):
+    """On the CPU the V1 runner runs no KV-writing warm-up: the workers must record that they
+    wrote nothing, name the runner, and the note must match what they measured."""
+    cfg = knobs(replace(base_cfg, num_prompts=2, max_tokens=8), blocks="dirty", dirty_source="warmup")
+    r = pd_session.run(cfg)
+    assert any("dirty_source=warmup" in n and "no KV-writing warm-up" in n for n in r.notes), r.notes
+    for role in ("p", "d"):
+        assert r.knobs[role]["dirty_source"] == "warmup"
+        workers = r.knobs["detail"][role]["components"]["worker"]
+        for w in workers if isinstance(workers, list) else [workers]:
+            fill = w["events"]["blocks"]["fill"]
+            assert fill["kind"] == "warmup" and fill["runner"] == "v1" and "seed" not in fill, fill
+            frac = fill["nonzero_fraction"]
+            assert frac is not None and 0 <= frac <= 1
+            assert ("hold zeros" in fill["note"]) == (frac == 0), fill
+            assert "nothing was written" in fill["note"] or frac == 0
+    pd_session.run(knobs(cfg, blocks="as-is", dirty_source="noise"))  # back to defaults
+
+
 @pytest.fixture(scope="module")
 def staged(pd_session, base_cfg):
     """transfer=host-staged needs a restart (the staging buffer is registered with NIXL at

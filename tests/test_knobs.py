@@ -36,6 +36,40 @@ def test_bad_value_names_value_and_allowed():
         assert v in msg
 
 
+def test_warmup_dirty_source_needs_dirty_blocks():
+    assert spec.validate({"blocks": "dirty", "dirty_source": "warmup"})["dirty_source"] == "warmup"
+    for blocks in ("as-is", "zeroed", "poisoned"):
+        with pytest.raises(ValueError, match=f"needs blocks='dirty', not '{blocks}'"):
+            spec.validate({"blocks": blocks, "dirty_source": "warmup"})
+
+
+def test_warmup_observation_on_mrv2_layout_stand_in_for_gpu_no_gpu():
+    """Model Runner V2's start-up warm-up (GPU only) leaves KV in blocks 1 upward and zeroes
+    block 0: the observation must see it and name the runner. A torch tensor in vLLM's
+    layout stands in for the GPU runner's cache."""
+    import types
+
+    import torch
+
+    from workbench.knobs import blocks, plugin
+
+    MRV2 = type("GPUModelRunner", (), {"__module__": "vllm.v1.worker.gpu.model_runner"})
+    runner = MRV2()
+    kv = torch.zeros(2, 16, 32, 2, 8)  # (K/V, num_blocks, block_size, heads, head_dim)
+    kv[:, 1:5].normal_()
+    ns = types.SimpleNamespace
+    runner.kv_cache_config = ns(num_blocks=16, kv_cache_groups=[ns(layer_names=["layers.0.attn"])])
+    runner.compilation_config = ns(static_forward_context={"layers.0.attn": ns(kv_cache=[kv])})
+    assert plugin.runner_kind(runner) == "v2"
+    seen = blocks.observe(runner)
+    assert seen["tensors"] == 1 and seen["diag_blocks"] == 15
+    assert seen["nonzero_fraction"] == pytest.approx(4 / 15)
+    note = blocks.warmup_note("v2", seen)
+    assert "26.7%" in note and "Model Runner V2's start-up warm-up" in note
+    kv.zero_()
+    assert "hold zeros" in blocks.warmup_note("v2", blocks.observe(runner))
+
+
 def test_bad_name_lists_knobs():
     with pytest.raises(ValueError) as e:
         spec.validate({"finalise": "eager"})

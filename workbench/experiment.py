@@ -94,6 +94,17 @@ def knob_notes(cfg: ExperimentConfig) -> list[str]:
             "unwritten for the request, so the block contents at allocation cannot matter; "
             "expect parity."
         )
+    if k["dirty_source"] == "warmup":
+        notes.append(
+            "dirty_source=warmup: the plugin writes nothing into the KV cache; each worker records "
+            "what its first blocks held (knobs.detail.<role>.components.worker.events.blocks.fill in result.json). "
+            + ("On the CPU the V1 model runner runs no KV-writing warm-up, so blocks that no earlier "
+               "request used hold zeros: expect the zeroed result on a fresh server."
+               if cfg.profile == "cpu" else
+               "Model Runner V2 writes warm-up KV into blocks 1 upward at start-up, but not under "
+               "--enforce-eager (this profile's enforce_eager: "
+               f"{profiles.PROFILES[cfg.profile].enforce_eager}).")
+        )
     return notes
 
 

@@ -18,8 +18,11 @@ dirty /   with ``dirty_source=noise``: when a version arrives, the worker fills 
 poisoned: cache tensor (target and drafter layers) except block 0 (vLLM's null block) with
           seeded normal noise, std 1.0 (dirty) or 100.0 (poisoned); the engine core resets
           the prefix cache (cached blocks no longer hold what their hashes say).
-          With ``dirty_source=warmup`` the plugin does nothing: the workbench runs warm-up
-          requests through the engine; recorded as such.
+          With ``dirty_source=warmup`` (dirty only) nothing is written: the blocks keep
+          what Model Runner V2's start-up warm-up (block ids 1 upward, only block 0
+          zeroed after it; skipped under --enforce-eager) and earlier requests left.
+          The worker measures the first blocks vLLM will hand out and records that,
+          with the runner vLLM chose, so a run says whether its "dirty" was dirty.
 """
 
 from __future__ import annotations
@@ -195,6 +198,42 @@ def _block_dim(kv, num_blocks: int) -> int | None:
     return None
 
 
+def observe(runner) -> dict[str, Any]:
+    """What blocks 1..DIAG_BLOCKS hold now (the ids a fresh engine hands out first)."""
+    import torch
+
+    num_blocks = runner.kv_cache_config.num_blocks
+    sq, nz, numel, tensors = 0.0, 0, 0, 0
+    with torch.no_grad():
+        for _, kv in kv_tensors(runner):
+            d = _block_dim(kv, num_blocks) if kv.is_floating_point() else None
+            if d is None:
+                continue
+            sample = kv.narrow(d, 1, min(DIAG_BLOCKS, num_blocks - 1))
+            n = int(torch.count_nonzero(sample))
+            if n:
+                sq += float(torch.linalg.vector_norm(sample.float())) ** 2
+                nz += n
+            numel += sample.numel()
+            tensors += 1
+    return {"tensors": tensors, "diag_blocks": min(DIAG_BLOCKS, num_blocks - 1),
+            "nonzero_fraction": (nz / numel if numel else None),
+            "rms_nonzero": (math.sqrt(sq / nz) if nz else None)}
+
+
+def warmup_note(runner_kind: str, seen: dict[str, Any]) -> str:
+    frac = seen.get("nonzero_fraction")
+    if not frac:
+        why = ("the V1 model runner runs no KV-writing warm-up" if runner_kind == "v1" else
+               "Model Runner V2 skipped its warm-up (--enforce-eager) or zeroed it")
+        return (f"blocks 1..{seen.get('diag_blocks')} hold zeros: {why}, and no earlier request used "
+                "them. This run's 'dirty' blocks are zero blocks: expect the zeroed result.")
+    return (f"{100 * frac:.1f}% of the values in blocks 1..{seen.get('diag_blocks')} are non-zero "
+            f"(rms {seen.get('rms_nonzero'):.3g}), left by "
+            + ("Model Runner V2's start-up warm-up and/or earlier requests" if runner_kind == "v2"
+               else "earlier requests (the V1 runner has no KV-writing warm-up)") + "; nothing was written.")
+
+
 def fill_noise(runner, seed: int, std: float) -> dict[str, Any]:
     import torch
 
@@ -259,6 +298,9 @@ def apply_worker(comp: control.Component, knobs: dict, seed: int) -> tuple[dict,
         if source == "noise":
             events["fill"] = fill_noise(runner, seed, NOISE_STD[value])
         else:
-            events["fill"] = {"kind": "warmup", "note": "the workbench runs warm-up requests; "
-                              "the plugin wrote nothing"}
+            from .plugin import runner_kind
+
+            kind = runner_kind(runner)
+            seen = observe(runner)
+            events["fill"] = {"kind": "warmup", "runner": kind, **seen, "note": warmup_note(kind, seen)}
     return {"blocks": value, "dirty_source": source}, events

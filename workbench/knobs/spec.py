@@ -57,13 +57,15 @@ KNOBS: dict[str, KnobSpec] = {
         ),
         KnobSpec(
             "dirty_source",
-            ("noise",),
+            ("noise", "warmup"),
             "noise",
             restart=False,
-            where="worker: seeded noise written into the KV cache before the run. Stale KV "
-            "from warm-up requests is not offered: vLLM's BlockPool hands out never-used "
-            "blocks first and queues freed ones at the tail, so a warm-up's blocks come back "
-            "only after the whole free queue cycles",
+            where="worker: noise: seeded noise written into the KV cache before the run. "
+            "warmup (blocks=dirty only): nothing is written; blocks keep what the runner's "
+            "start-up warm-up (Model Runner V2 without --enforce-eager) and earlier requests "
+            "left, measured and recorded. The V1 runner (the CPU) runs no KV-writing warm-up "
+            "and vLLM's BlockPool hands out never-used blocks first, so there first-use "
+            "blocks hold zeros",
         ),
         KnobSpec(
             "transfer",
@@ -97,29 +99,39 @@ def defaults() -> dict[str, str]:
     return {name: k.default for name, k in KNOBS.items()}
 
 
+def check_value(name: str, value: str) -> str:
+    """One knob's name and value; raise ValueError naming what is allowed."""
+    if name not in KNOBS:
+        raise ValueError(f"unknown knob {name!r}; allowed knobs: {', '.join(KNOBS)}")
+    value = str(value)
+    if value not in KNOBS[name].values:
+        raise ValueError(
+            f"knob {name}={value!r} is not allowed; allowed values: "
+            f"{', '.join(KNOBS[name].values)}"
+        )
+    return value
+
+
 def validate(values: dict[str, str]) -> dict[str, str]:
-    """Return the full knob dict (defaults filled in); raise ValueError naming a bad name/value."""
+    """Return the full knob dict (defaults filled in); raise ValueError naming a bad name/value
+    or a combination that means nothing."""
     out = defaults()
     for name, value in values.items():
-        if name not in KNOBS:
-            raise ValueError(f"unknown knob {name!r}; allowed knobs: {', '.join(KNOBS)}")
-        value = str(value)
-        if value not in KNOBS[name].values:
-            raise ValueError(
-                f"knob {name}={value!r} is not allowed; allowed values: "
-                f"{', '.join(KNOBS[name].values)}"
-            )
-        out[name] = value
+        out[name] = check_value(name, value)
+    if out["dirty_source"] == "warmup" and out["blocks"] != "dirty":
+        raise ValueError(
+            f"knob dirty_source='warmup' needs blocks='dirty', not {out['blocks']!r}: it names where "
+            "dirty blocks come from (poisoned is noise of its own scale; as-is and zeroed write nothing)"
+        )
     return out
 
 
 def parse_assignment(text: str) -> tuple[str, str]:
-    """Parse one ``NAME=VALUE`` from the command line."""
+    """Parse one ``NAME=VALUE`` from the command line (combinations are checked by validate)."""
     if "=" not in text:
         raise ValueError(f"--knob {text!r} must be NAME=VALUE; knobs: {', '.join(KNOBS)}")
     name, value = (s.strip() for s in text.split("=", 1))
-    validate({name: value})
-    return name, value
+    return name, check_value(name, value)
 
 
 def restart_knobs() -> tuple[str, ...]:

@@ -44,6 +44,9 @@ def write_card(out_dir: str):
     w("| `drafter/` | config.json, model.safetensors (float32): `fc`, `midlayer.*`, `norm`, `lm_head`, "
       "`embed_tokens`, `d2t`, `t2d` |")
     w("| `training_info.json` | every figure below, machine-readable |")
+    if os.path.exists(os.path.join(out_dir, "grid.json")):
+        w("| `grid.json` | every setting tried before this one was picked, with its offline figures "
+          "(`python -m workbench.training.grid`) |")
     if ev:
         w("| `eval_results.json` | vLLM measurements (below) |")
     w("")
@@ -56,8 +59,12 @@ def write_card(out_dir: str):
     w("python -m workbench.training.evaluate --models data/models --prompts 64 --kv-corruption")
     w("```")
     w("")
-    w(f"Seed {info['seed']}, device `{info['device']}` ({info['threads']} CPU threads), torch {info['torch']}. "
-      f"Recorded command: `{info['command']}`.")
+    dev = f"`{info['device']}`" + (f" ({info['gpu']})" if info.get("gpu") else f" ({info['threads']} CPU threads)")
+    w(f"Seed {info['seed']}, device {dev}, torch {info['torch']}. Recorded command: `{info['command']}`.")
+    if info.get("equivalent_command"):
+        w(f"Same settings as `{info['equivalent_command']}` (the defaults).")
+    if info.get("rebuild_time"):
+        w(info["rebuild_time"])
     w("")
     w("## Corpus")
     w("")
@@ -88,9 +95,17 @@ def write_card(out_dir: str):
     w(f"Trained {t['steps']} steps of {hp['batch']} x {hp['seq']} tokens (each window is BOS + a random "
       f"slice of the token stream): {t['tokens_seen']:,} tokens, {t['epochs']:.2f} epochs, "
       f"{t['wall_s'] / 60:.1f} min. AdamW (0.9, 0.95), lr {hp['target_lr']} after a 100-step warmup, "
-      f"cosine to 10% over the last 25% of steps, weight decay {hp['weight_decay']}, no dropout, grad clip 1.0.")
+      f"cosine to 10% over the last 25% of steps, weight decay {hp['weight_decay']}, "
+      f"{'dropout ' + str(hp['dropout']) if hp.get('dropout') else 'no dropout'}, grad clip 1.0.")
     w(f"Held-out: loss {t['heldout']['loss']:.3f}, perplexity {t['heldout']['ppl']:.2f}, next-token top-1 "
       f"{t['heldout']['top1']:.3f} (training sample: ppl {t['train_sample']['ppl']:.2f}).")
+    if t.get("ul"):
+        u = t["ul"]
+        w(f"Then {u['steps']} steps ({u['tokens_seen']:,} tokens, {u['wall_s'] / 60:.1f} min) of cross-entropy plus "
+          f"{u['weight']} x copy-continuation unlikelihood (Welleck et al. 2019; where continuing an earlier "
+          f"repeated bigram would be wrong, -log(1 - p(copy))), lr {u['lr']}: it curbs greedy loops. "
+          f"Held-out after it: loss {u['heldout']['loss']:.3f}, perplexity {u['heldout']['ppl']:.2f}, "
+          f"top-1 {u['heldout']['top1']:.3f}.")
     w("")
     w("## Drafter (EAGLE3)")
     w("")
@@ -133,9 +148,9 @@ def write_card(out_dir: str):
             if ev.get(key):
                 k = ev[key]
                 w("")
-                w(f"Drafter KV dependence ({what}): the drafter layer's K/V {what} for the first "
-                  f"{k['threshold']} positions of every prompt (the shortest prompt's length; a hook on the "
-                  f"drafter's attention, `--kv-corruption`): per-position acceptance {_fmt_rates(k['per_pos'])} "
+                w(f"Drafter KV dependence ({what}): the drafter layer's K/V {what} for every prompt "
+                  f"position of every request (a hook on the drafter's attention, `--kv-corruption`; "
+                  f"{k['n_groups']} groups of equal prompt length): per-position acceptance {_fmt_rates(k['per_pos'])} "
                   f"vs clean {_fmt_rates(m['per_pos'])}: position 0 drops by {100 * k['pos0_rel_drop']:.1f}% "
                   f"relative; target output unchanged on {k['same_output']} of {ev['n_prompts']} prompts.")
         if ev.get("samples"):

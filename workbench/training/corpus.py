@@ -29,7 +29,13 @@ def stdlib_dir() -> str:
     return sysconfig.get_paths()["stdlib"]
 
 
-def python_version() -> str:
+VERSION_FILE = ".python_version"  # in a copied stdlib (e.g. carried to a GPU box): its release
+
+
+def python_version(root: str | None = None) -> str:
+    """The release the stdlib at ``root`` belongs to (not the interpreter's, for a copy)."""
+    if root and os.path.exists(os.path.join(root, VERSION_FILE)):
+        return open(os.path.join(root, VERSION_FILE)).read().strip()
     return "%d.%d.%d" % sys.version_info[:3]
 
 
@@ -109,7 +115,7 @@ class Corpus:
 
     def info(self) -> dict:
         return {
-            "python_version": python_version(),
+            "python_version": python_version(self.root),
             "stdlib_dir": self.root,
             "n_files": len(self.all_files),
             "n_train_files": len(self.train_files),

@@ -194,33 +194,37 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: TargetConfig):
+    def __init__(self, c: TargetConfig, dropout: float = 0.0):
         super().__init__()
+        self.drop = nn.Dropout(dropout)
         self.self_attn = Attention(c.hidden_size, c.hidden_size, c.num_attention_heads, c.num_key_value_heads)
         self.mlp = MLP(c.hidden_size, c.intermediate_size)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
     def forward(self, h, cos, sin):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = h + self.drop(self.self_attn(self.input_layernorm(h), cos, sin))
+        return h + self.drop(self.mlp(self.post_attention_layernorm(h)))
 
 
 class LlamaInner(nn.Module):
-    def __init__(self, c: TargetConfig):
+    def __init__(self, c: TargetConfig, dropout: float = 0.0):
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList([DecoderLayer(c) for _ in range(c.num_hidden_layers)])
+        self.layers = nn.ModuleList([DecoderLayer(c, dropout) for _ in range(c.num_hidden_layers)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
 class Llama(nn.Module):
-    """HF-compatible LlamaForCausalLM (state dict names ``model.*``, ``lm_head.weight``)."""
+    """HF-compatible LlamaForCausalLM (state dict names ``model.*``, ``lm_head.weight``).
 
-    def __init__(self, c: TargetConfig):
+    ``dropout`` (residual branches, training only) lets the small corpus be seen for
+    several epochs without the target memorising it; it is not part of the export."""
+
+    def __init__(self, c: TargetConfig, dropout: float = 0.0):
         super().__init__()
         self.config = c
-        self.model = LlamaInner(c)
+        self.model = LlamaInner(c, dropout)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         self.apply(_init_weights)
         if c.tie_word_embeddings:
@@ -317,7 +321,7 @@ class Eagle3Drafter(nn.Module):
         pre = m.mlp(m.post_attention_layernorm(h2)) + h2
         return pre, self.lm_head(self.norm(pre))
 
-    def forward_ttt(self, tokens, aux, n_steps: int):
+    def forward_ttt(self, tokens, aux, n_steps: int, zero_kv_before: int = 0):
         """Training-time test unroll.
 
         tokens: (B, T) ids; aux: list of (B, T, Ht) target aux states at the same
@@ -327,6 +331,8 @@ class Eagle3Drafter(nn.Module):
         steps 1..s at its own row (exactly what vLLM's drafter KV cache holds when it
         drafts token s+1 after position j).  Returns a list of draft-vocab logits,
         step s of shape (B, T-1-s, Vd): row j predicts the token at position j+s+2.
+        ``zero_kv_before`` > 0 zeroes the step-0 K/V of rows below it, as
+        ``evaluate --kv-corruption`` does to the prompt's drafter KV in vLLM.
         """
         B, T = tokens.shape
         attn = self.midlayer.self_attn
@@ -342,6 +348,9 @@ class Eagle3Drafter(nn.Module):
             q, k, v = attn.qkv(x, cos, sin)  # (B, nh, n, d)
             scale = 1.0 / math.sqrt(attn.hd)
             if s == 0:
+                if zero_kv_before > 0:
+                    keep = (torch.arange(n, device=k.device) >= zero_kv_before)[:, None].to(k.dtype)
+                    k, v = k * keep, v * keep
                 k0, v0 = k, v
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:

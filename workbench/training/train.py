@@ -30,17 +30,19 @@ from . import corpus as corpus_mod
 from . import tok as tok_mod
 from .model import DrafterConfig, Eagle3Drafter, Llama, TargetConfig, count_params
 
+# the shipped pair (data/models): grid variant "n8-ul" (see workbench/training/grid.py,
+# data/models/grid.json): ~8 epochs, no dropout, then 300 unlikelihood steps
 FULL = dict(
-    vocab=2048, layers=6, hidden=192, inter=512, heads=4, seq=384, batch=10,
-    target_steps=520, target_lr=2e-3, drafter_steps=180, drafter_lr=1.5e-3,
+    vocab=2048, layers=8, hidden=256, inter=704, heads=4, seq=512, batch=32,
+    target_steps=1216, target_lr=2e-3, drafter_steps=1000, drafter_lr=1.5e-3,
     draft_vocab=1024, ttt_steps=3, weight_decay=0.1, max_files=None,
-    ul_steps=0, ul_weight=1.0, ul_lr=5e-4,
+    ul_steps=300, ul_weight=1.0, ul_lr=5e-4, dropout=0.0, aux_layers="auto",
 )
 TINY = dict(
     vocab=512, layers=2, hidden=64, inter=176, heads=2, seq=64, batch=8,
     target_steps=60, target_lr=3e-3, drafter_steps=30, drafter_lr=3e-3,
     draft_vocab=256, ttt_steps=3, weight_decay=0.1, max_files=40,
-    ul_steps=0, ul_weight=1.0, ul_lr=5e-4,
+    ul_steps=0, ul_weight=1.0, ul_lr=5e-4, dropout=0.0, aux_layers="auto",
 )
 
 
@@ -50,12 +52,22 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def aux_layer_ids(n_layers: int) -> list[int]:
+def aux_layer_ids(n_layers: int, spec: str = "auto") -> list[int]:
     """Three target layers whose incoming residual stream feeds the drafter.
 
     vLLM numbering: id i is the residual stream entering layer i (0 = embeddings,
     L = last layer's output before the final norm); always ascending, since vLLM
-    concatenates them in layer order."""
+    concatenates them in layer order.  ``auto`` takes vLLM's own default
+    ``(2, L//2, L-3)`` where those are distinct (L >= 7): like the real EAGLE3
+    heads, the drafter then does not see the last layers' output and has to use its
+    own attention over the context.  Shallower targets fall back to ``{1, L//2, L}``."""
+    if spec != "auto":
+        ids = sorted(int(x) for x in str(spec).split(","))
+        if len(ids) != 3 or len(set(ids)) != 3 or ids[0] < 0 or ids[-1] > n_layers:
+            raise SystemExit(f"--aux-layers {spec!r}: need three distinct ids in 0..{n_layers}")
+        return ids
+    if n_layers >= 7:
+        return [2, n_layers // 2, n_layers - 3]
     if n_layers >= 4:
         return sorted({1, n_layers // 2, n_layers})
     return list(range(n_layers + 1))[-3:]
@@ -183,7 +195,7 @@ def train_target(cfg, hp, train_ids, held_ids, work, device, seed, log):
 
     ck = os.path.join(work, "target_ckpt.pt")
     final = os.path.join(work, "target_final.pt")
-    model = Llama(cfg).to(device)
+    model = Llama(cfg, dropout=hp["dropout"]).to(device)
     info = _load_finished(model, final, device, log, "target")
     if info is not None:
         return model, info
@@ -447,7 +459,7 @@ def configs_from_hp(hp) -> tuple[TargetConfig, DrafterConfig]:
     dc = DrafterConfig(vocab_size=hp["vocab"], draft_vocab_size=hp["draft_vocab"],
                        hidden_size=hp["hidden"], target_hidden_size=hp["hidden"],
                        intermediate_size=hp["inter"], num_attention_heads=hp["heads"],
-                       num_key_value_heads=hp["heads"], aux_layer_ids=aux_layer_ids(L))
+                       num_key_value_heads=hp["heads"], aux_layer_ids=aux_layer_ids(L, hp["aux_layers"]))
     return tc, dc
 
 
@@ -501,8 +513,10 @@ def main(argv=None):
     for k in ("layers", "hidden", "inter", "heads", "seq", "batch", "target_steps", "drafter_steps",
               "draft_vocab", "ttt_steps", "vocab", "ul_steps"):
         ap.add_argument("--" + k.replace("_", "-"), type=int, default=None)
-    for k in ("target_lr", "drafter_lr", "weight_decay", "ul_weight", "ul_lr"):
+    for k in ("target_lr", "drafter_lr", "weight_decay", "ul_weight", "ul_lr", "dropout"):
         ap.add_argument("--" + k.replace("_", "-"), type=float, default=None)
+    ap.add_argument("--aux-layers", default=None,
+                    help="target aux layer ids for the drafter, e.g. 2,4,5 (default auto: vLLM's (2, L//2, L-3))")
     args = ap.parse_args(argv)
 
     hp = dict(TINY if args.tiny else FULL)
@@ -567,6 +581,7 @@ def main(argv=None):
         "command": "python -m workbench.training.train " + " ".join(argv if argv is not None else sys.argv[1:]),
         "tiny": args.tiny, "seed": args.seed, "device": str(device),
         "torch": torch.__version__, "host": platform.machine(), "threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "hparams": hp, "corpus": cinfo, "n_excluded_files": len(c.excluded),
         "excluded_files": c.excluded,
         "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)),

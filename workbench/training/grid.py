@@ -1,0 +1,169 @@
+"""Train several settings side by side, probe each offline, and pick one to ship.
+
+    python -m workbench.training.grid --out grid-out [--tiny] [--stdlib-root DIR]
+
+Why: on a GPU each run takes minutes, so a handful of settings run at once and the
+choice is made by the quality bar's figures (``probe``, no vLLM) rather than by
+hand.  Phase 1 trains the targets; phase 2 reuses a phase-1 target (a copy of its
+finished checkpoint) for drafter or unlikelihood variants.  The tokenizer and token
+ids come from ``--seed-work`` (the cache ``train`` already built), so every variant
+shares them.  ``grid.json`` records every variant's command, its probe figures and
+the pick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from .evaluate import BAR
+
+BIG = ["--layers", "8", "--hidden", "256", "--inter", "704", "--heads", "4", "--seq", "512",
+       "--batch", "32", "--drafter-steps", "1000"]
+# name: (parent or None, extra train arguments)
+GPU_GRID: dict[str, tuple[str | None, list[str]]] = {
+    "d10": (None, BIG + ["--dropout", "0.1", "--target-steps", "1520"]),  # ~10 epochs
+    "d20": (None, BIG + ["--dropout", "0.1", "--target-steps", "3040"]),  # ~20 epochs
+    "n5": (None, BIG + ["--dropout", "0.0", "--target-steps", "760"]),  # ~5 epochs, no dropout
+    "d10-aux148": ("d10", BIG + ["--dropout", "0.1", "--target-steps", "1520", "--aux-layers", "1,4,8"]),
+    "d10-ul": ("d10", BIG + ["--dropout", "0.1", "--target-steps", "1520", "--ul-steps", "300"]),
+    "d20-ul": ("d20", BIG + ["--dropout", "0.1", "--target-steps", "3040", "--ul-steps", "300"]),
+    # second round: no dropout (n5 had the largest KV dependence) plus unlikelihood
+    "n5-ul": ("n5", BIG + ["--dropout", "0.0", "--target-steps", "760", "--ul-steps", "300"]),
+    "n5-ul600": ("n5", BIG + ["--dropout", "0.0", "--target-steps", "760", "--ul-steps", "600"]),
+    "n8": (None, BIG + ["--dropout", "0.0", "--target-steps", "1216"]),
+    "n8-ul": ("n8", BIG + ["--dropout", "0.0", "--target-steps", "1216", "--ul-steps", "300"]),
+}
+TINY_GRID = {
+    "a": (None, ["--tiny", "--target-steps", "20", "--drafter-steps", "10"]),
+    "a-ul": ("a", ["--tiny", "--target-steps", "20", "--drafter-steps", "10", "--ul-steps", "5"]),
+}
+SEED_FILES = ("corpus.json", "ids.npz", "tokenizer")
+PARENT_FILES = ("target_final.pt",)
+
+
+def score(p: dict) -> tuple:
+    """Order by bar checks passed (with a small margin), then by non-degeneracy."""
+    pp = p["clean"]["per_pos"]
+    checks = [
+        BAR["acc_len"][0] + 0.1 <= p["clean"]["acceptance_length"] <= BAR["acc_len"][1] - 0.1,
+        all(a > b for a, b in zip(pp, pp[1:])),
+        pp[0] >= BAR["pos0_min"] + 0.05,
+        pp[-1] <= (BAR["pos2_over_pos0_max"] - 0.05) * pp[0],
+        p["distinct_median"] >= BAR["distinct_median_min"] + 0.03,
+        p["max_token_share"] <= BAR["max_token_share_max"] - 0.03,
+        p["kv_pos0_rel_drop"] >= BAR["kv_pos0_rel_drop_min"] + 0.05,
+    ]
+    return (sum(checks), p["distinct_median"], p["kv_pos0_rel_drop"])
+
+
+def _seed(work: str, src: str, files) -> None:
+    os.makedirs(work, exist_ok=True)
+    for f in files:
+        a, b = os.path.join(src, f), os.path.join(work, f)
+        if os.path.isdir(a):
+            shutil.copytree(a, b, dirs_exist_ok=True)
+        elif os.path.exists(a):
+            shutil.copy(a, b)
+
+
+def _launch(name, grid, out, seed_work, stdlib_root, py, log):
+    parent, extra = grid[name]
+    work = os.path.join(out, "work", name)
+    _seed(work, seed_work, SEED_FILES)
+    if parent:
+        _seed(work, os.path.join(out, "work", parent), PARENT_FILES)
+    cmd = [py, "-m", "workbench.training.train", "--out", os.path.join(out, name), "--work-dir", work,
+           "--prompts-out", os.path.join(work, "prompts.jsonl"), *extra]
+    if stdlib_root:
+        cmd += ["--stdlib-root", stdlib_root]
+    log(f"{name}: start: {' '.join(cmd)}")
+    err = open(os.path.join(out, f"{name}.log"), "w")
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err), cmd
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="grid-out")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--seed-work", default="training-work", help="work dir holding corpus.json, tokenizer/, ids.npz")
+    ap.add_argument("--stdlib-root", default=None)
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--variants", default=None, help="comma-separated subset of the grid (parents included)")
+    ap.add_argument("--deadline", type=float, default=0, help="start no variant after this many seconds")
+    args = ap.parse_args(argv)
+    grid = TINY_GRID if args.tiny else GPU_GRID
+    if args.variants:
+        want = args.variants.split(",")
+        bad = [n for n in want if n not in grid or (grid[n][0] and grid[n][0] not in want)]
+        if bad:
+            raise SystemExit(f"--variants: unknown, or parent not listed: {bad}; known: {list(grid)}")
+        grid = {n: grid[n] for n in want}
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+
+    def log(msg):
+        print(f"[{time.time() - t0:6.0f}s] {msg}", file=sys.stderr, flush=True)
+
+    py = sys.executable
+    record = {"grid": {n: {"parent": p, "args": a} for n, (p, a) in grid.items()}, "variants": {}}
+    from .probe import probe
+
+    def save():
+        ok = {n: v for n, v in record["variants"].items() if not v.get("failed")}
+        record["ranked"] = sorted(ok, key=lambda n: tuple(ok[n]["score"]), reverse=True)
+        record["wall_s"] = time.time() - t0
+        json.dump(record, open(os.path.join(args.out, "grid.json"), "w"), indent=1)
+
+    # each variant starts once its parent has finished and is probed as soon as it ends,
+    # so grid.json holds every finished result even if the run is cut short
+    pending, running, done, failed = list(grid), {}, set(), set()
+    while pending or running:
+        for name in list(pending):
+            parent = grid[name][0]
+            if parent in failed:
+                pending.remove(name)
+                failed.add(name)
+                record["variants"][name] = {"failed": True, "why": f"parent {parent} failed"}
+            elif parent is None or parent in done:
+                if args.deadline and time.time() - t0 > args.deadline:
+                    pending.remove(name)
+                    record["variants"][name] = {"failed": True, "why": "not started: past --deadline"}
+                    continue
+                pending.remove(name)
+                running[name] = _launch(name, grid, args.out, args.seed_work, args.stdlib_root, py, log)
+        time.sleep(2)
+        for name, (proc, cmd) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[name]
+            if proc.returncode != 0:
+                failed.add(name)
+                record["variants"][name] = {"failed": True, "why": f"train exited {proc.returncode}", "cmd": cmd}
+                log(f"{name}: train exited {proc.returncode} (see {name}.log)")
+                save()
+                continue
+            done.add(name)
+            p = probe(os.path.join(args.out, name), n=args.prompts, max_tokens=128 if not args.tiny else 16)
+            p["score"] = list(score(p))
+            p["cmd"] = cmd
+            info = json.load(open(os.path.join(args.out, name, "training_info.json")))
+            p["train_info"] = {"target": info["target"], "drafter": info["drafter"]}
+            record["variants"][name] = p
+            log(f"{name}: distinct {p['distinct_median']:.3f}, share {p['max_token_share']:.3f}, per-pos "
+                + "/".join(f"{v:.3f}" for v in p["clean"]["per_pos"])
+                + f", kv drop {p['kv_pos0_rel_drop']:.3f}, held-out ppl {info['target']['heldout']['ppl']:.2f}")
+            save()
+    save()
+    ranked = record["ranked"]
+    log(f"ranked: {ranked}")
+    return 0 if ranked else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
