@@ -39,6 +39,23 @@ def test_plan_command_lines_parse_with_vllms_parser_no_gpu(profile):
             assert "CUDA_VISIBLE_DEVICES" in s["env"]
 
 
+def test_gpu_plan_without_enforce_eager_lets_mrv2_warm_up_no_gpu():
+    """Model Runner V2's start-up warm-up (dirty_source=warmup's source) needs graphs on."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    servers = plan("--profile", "gpu", "--no-enforce-eager", "--knob", "blocks=dirty",
+                   "--knob", "dirty_source=warmup")
+    for s in servers:
+        argv = s["argv"]
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+            argv[argv.index("vllm.entrypoints.openai.api_server") + 1:])
+        assert not args.enforce_eager
+    bad = subprocess.run([sys.executable, "-m", "workbench", "plan", "--knob", "dirty_source=warmup"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "needs blocks='dirty'" in bad.stderr
+
+
 def test_gpu_plan_host_staged_uses_vllms_own_cpu_buffer_no_gpu():
     servers = plan("--profile", "gpu", "--knob", "transfer=host-staged")
     for s in servers[:2]:

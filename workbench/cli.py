@@ -31,6 +31,9 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--kv-cache-bytes", type=int, help="KV cache size per server (CPU)")
     ap.add_argument("--seed", type=int)
     ap.add_argument("--no-baseline", action="store_true", help="skip the standalone baseline")
+    ap.add_argument("--no-enforce-eager", action="store_true",
+                    help="drop --enforce-eager (every profile sets it, as vLLM's PD test does): "
+                    "graphs compile and Model Runner V2 runs its start-up warm-up")
     ap.add_argument("--host", help="address servers bind to (default 127.0.0.1)")
     for role in ("p", "d", "baseline"):
         ap.add_argument(f"--port-{role}", type=int, help=f"port of the {role} server (default: a free one)")
@@ -60,6 +63,8 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     data["ports"] = ports
     if args.no_baseline:
         data["run_baseline"] = False
+    if getattr(args, "no_enforce_eager", False):
+        data["enforce_eager"] = False
     knobs = dict(data.get("knobs", {}))
     for a in args.knob:
         try:
@@ -145,6 +150,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     overrides = {f: getattr(args, f) for f in _FLAG_FIELDS if getattr(args, f, None) is not None}
     overrides.pop("profile", None)
+    if getattr(args, "no_enforce_eager", False):
+        overrides["enforce_eager"] = False
     knobs = {}
     for a in args.knob:
         name, value = knob_spec.parse_assignment(a)

@@ -52,6 +52,9 @@ class ExperimentConfig:
     label: str = ""  # a name for the run in tables and figures
     require_models: bool = True  # False only to print a plan for models not on this machine
     startup_timeout_s: float = 300.0
+    # None: the profile's (True: vLLM's reference test flags). False lets vLLM compile graphs
+    # and lets Model Runner V2 (GPU) run its start-up warm-up, the source dirty_source=warmup reads.
+    enforce_eager: bool | None = None
     request_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
@@ -91,6 +94,9 @@ class ExperimentConfig:
                 raise ConfigError(f"ports: unknown role {role!r}; allowed: {', '.join(ROLES)}")
             if not isinstance(port, int) or not 0 < port < 65536:
                 raise ConfigError(f"ports[{role!r}]={port!r} must be an integer in 1..65535")
+        if self.enforce_eager not in (None, True, False):
+            raise ConfigError(f"enforce_eager={self.enforce_eager!r} must be true, false or null "
+                              "(null: the profile's)")
         if not (self.run_baseline or self.run_pd):
             raise ConfigError("run_baseline and run_pd are both False: nothing to run")
         try:
@@ -100,7 +106,7 @@ class ExperimentConfig:
 
     # Fields that, when different, need different servers.
     SERVER_FIELDS = ("target", "drafter", "profile", "k_p", "k_d", "block_size",
-                     "kv_cache_bytes", "max_model_len", "host", "seed")
+                     "kv_cache_bytes", "max_model_len", "host", "seed", "enforce_eager")
 
     def server_key(self) -> tuple[Any, ...]:
         restart = tuple(self.knobs[n] for n in knob_spec.restart_knobs())

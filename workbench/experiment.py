@@ -102,8 +102,9 @@ def knob_notes(cfg: ExperimentConfig) -> list[str]:
                "request used hold zeros: expect the zeroed result on a fresh server."
                if cfg.profile == "cpu" else
                "Model Runner V2 writes warm-up KV into blocks 1 upward at start-up, but not under "
-               "--enforce-eager (this profile's enforce_eager: "
-               f"{profiles.PROFILES[cfg.profile].enforce_eager}).")
+               "--enforce-eager (in force here: "
+               f"{profiles.PROFILES[cfg.profile].enforce_eager if cfg.enforce_eager is None else cfg.enforce_eager}"
+               "; set enforce_eager=False, --no-enforce-eager, to let it run).")
         )
     return notes
 
@@ -218,7 +219,8 @@ class Session:
             target=cfg.target, drafter=cfg.drafter, log_dir=self.log_dir,
             block_size=cfg.block_size, kv_cache_bytes=cfg.kv_cache_bytes,
             max_model_len=cfg.max_model_len, host=cfg.host, device=prof.device,
-            dtype=prof.dtype, seed=cfg.seed, enforce_eager=prof.enforce_eager,
+            dtype=prof.dtype, seed=cfg.seed,
+            enforce_eager=prof.enforce_eager if cfg.enforce_eager is None else cfg.enforce_eager,
             knobs_file=self.knobs_file, knobs_state_dir=self.state_dir,
             transfer=cfg.knobs["transfer"], kv_buffer_device=buffer,
             nixl_progress_delay_us=prof.nixl_progress_delay_us,
