@@ -14,6 +14,7 @@ the pick.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -52,7 +53,7 @@ def score(p: dict) -> tuple:
     pp = p["clean"]["per_pos"]
     checks = [
         BAR["acc_len"][0] + 0.1 <= p["clean"]["acceptance_length"] <= BAR["acc_len"][1] - 0.1,
-        all(a > b for a, b in zip(pp, pp[1:])),
+        all(a > b for a, b in itertools.pairwise(pp)),
         pp[0] >= BAR["pos0_min"] + 0.05,
         pp[-1] <= (BAR["pos2_over_pos0_max"] - 0.05) * pp[0],
         p["distinct_median"] >= BAR["distinct_median_min"] + 0.03,
@@ -83,8 +84,8 @@ def _launch(name, grid, out, seed_work, stdlib_root, py, log):
     if stdlib_root:
         cmd += ["--stdlib-root", stdlib_root]
     log(f"{name}: start: {' '.join(cmd)}")
-    err = open(os.path.join(out, f"{name}.log"), "w")
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err), cmd
+    with open(os.path.join(out, f"{name}.log"), "w") as err:  # the child keeps its own copy
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err), cmd
 
 
 def main(argv=None):
@@ -118,7 +119,8 @@ def main(argv=None):
         ok = {n: v for n, v in record["variants"].items() if not v.get("failed")}
         record["ranked"] = sorted(ok, key=lambda n: tuple(ok[n]["score"]), reverse=True)
         record["wall_s"] = time.time() - t0
-        json.dump(record, open(os.path.join(args.out, "grid.json"), "w"), indent=1)
+        with open(os.path.join(args.out, "grid.json"), "w") as f:
+            json.dump(record, f, indent=1)
 
     # each variant starts once its parent has finished and is probed as soon as it ends,
     # so grid.json holds every finished result even if the run is cut short
@@ -152,7 +154,8 @@ def main(argv=None):
             p = probe(os.path.join(args.out, name), n=args.prompts, max_tokens=128 if not args.tiny else 16)
             p["score"] = list(score(p))
             p["cmd"] = cmd
-            info = json.load(open(os.path.join(args.out, name, "training_info.json")))
+            with open(os.path.join(args.out, name, "training_info.json")) as f:
+                info = json.load(f)
             p["train_info"] = {"target": info["target"], "drafter": info["drafter"]}
             record["variants"][name] = p
             log(f"{name}: distinct {p['distinct_median']:.3f}, share {p['max_token_share']:.3f}, per-pos "

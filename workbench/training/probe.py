@@ -28,14 +28,16 @@ def load_pair(models_dir: str, device) -> tuple[Llama, Eagle3Drafter]:
     """Read the exported safetensors/config.json back into the training classes."""
     from safetensors.torch import load_file
 
-    tc_raw = json.load(open(os.path.join(models_dir, "target", "config.json")))
+    with open(os.path.join(models_dir, "target", "config.json")) as f:
+        tc_raw = json.load(f)
     tc = TargetConfig(**{k: tc_raw[k] for k in TargetConfig.__dataclass_fields__ if k in tc_raw})
     target = Llama(tc)
     sd = load_file(os.path.join(models_dir, "target", "model.safetensors"))
     if tc.tie_word_embeddings:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     target.load_state_dict(sd)
-    dc_raw = json.load(open(os.path.join(models_dir, "drafter", "config.json")))
+    with open(os.path.join(models_dir, "drafter", "config.json")) as f:
+        dc_raw = json.load(f)
     dc = DrafterConfig(**{k: dc_raw[k] for k in DrafterConfig.__dataclass_fields__ if k in dc_raw},
                        aux_layer_ids=dc_raw["eagle_aux_hidden_state_layer_ids"])
     drafter = Eagle3Drafter(dc)
