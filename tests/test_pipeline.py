@@ -57,3 +57,39 @@ def test_consecutive_runs_report_only_their_own_drafts(pd_session, base_cfg):
     assert b.pd["accepted_per_pos"] == [int(x) for x in whole.accepted_per_pos]
     # The prefix caches were reset between the runs: the repeated prompts found nothing cached.
     assert b.baseline["prefix_cache_hits"] == 0
+
+
+def test_extra_draft_on_d_is_the_schedulers_spec_decode_padding(pd_session, base_cfg, tmp_path):
+    """D's one extra, all-rejected draft per request comes from vLLM's scheduler padding D's
+    first one-token step after the KV load with placeholder drafts (``pad_spec_decode`` in
+    ``vllm/v1/core/sched/scheduler.py``, skipped when dynamic speculative decoding is on).
+    A second P/D pair whose D sets ``num_speculative_tokens_per_batch_size`` (same k=3 at
+    every batch size, so nothing else changes) must count exactly the baseline's drafts."""
+    import json
+
+    from workbench.experiment import Session
+
+    cfg = replace(base_cfg, num_prompts=8, max_tokens=32)
+    ref = pd_session.run(cfg)
+    with Session(tmp_path / "unpadded") as s:
+        plain = s.specs
+
+        def specs(c):
+            out = plain(c)
+            for spec in out:
+                if spec.role == "d":
+                    sc = {"method": "eagle3", "model": str(spec.drafter), "num_speculative_tokens": 3,
+                          "num_speculative_tokens_per_batch_size": [[1, 256, 3]]}
+                    spec.extra_args = ["--speculative-config", json.dumps(sc)]  # the last one wins
+            return out
+
+        s.specs = specs
+        r = s.run(replace(cfg, run_baseline=False))
+        d_argv = s.servers["d"].spec.command()
+    assert "num_speculative_tokens_per_batch_size" in d_argv[-1]
+    assert [q["id"] for q in r.requests] == [q["id"] for q in ref.requests]
+    for a, b in zip(ref.requests, r.requests):
+        assert a["pd"]["num_drafts"] == a["baseline"]["num_drafts"] + 1, a["id"]
+        assert b["pd"]["num_drafts"] == a["baseline"]["num_drafts"], b["id"]
+        assert b["pd"]["accepted_per_pos"] == a["baseline"]["accepted_per_pos"], b["id"]
+        assert b["pd_tokens"] == a["baseline_tokens"], b["id"]

@@ -528,7 +528,9 @@ class Session:
     def _extra_drafts(result: Result, both: list[dict]) -> None:
         """D counts one draft more per request than the baseline (its first decode step after
         the KV load verifies a draft, and every token of it is rejected; measured: with
-        max_tokens=1 D counts 1 draft, the baseline 0). Report the rates without those drafts
+        max_tokens=1 D counts 1 draft, the baseline 0). The scheduler's ``pad_spec_decode``
+        makes it: with that padding off, D counts the baseline's drafts exactly
+        (test_extra_draft_on_d_is_the_schedulers_spec_decode_padding). Report the rates without those drafts
         next to vLLM's raw rates, so a reader can tell this accounting from lost acceptance."""
         extra = sum(r["extra_pd_drafts"] for r in both)
         pd = result.pd
