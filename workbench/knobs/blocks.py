@@ -239,13 +239,12 @@ def fill_noise(runner, seed: int, std: float) -> dict[str, Any]:
 
     num_blocks = runner.kv_cache_config.num_blocks
     drafter = getattr(getattr(runner, "drafter", None), "_draft_attn_layer_names", None) or set()
-    tensors = kv_tensors(runner)
-    sq, nz, numel = 0.0, 0, 0
+    before = observe(runner)  # the magnitude K/V had in this cache before the fill
     filled: list[str] = []
     skipped: dict[str, str] = {}
     gen = None
     with torch.no_grad():
-        for name, kv in tensors:
+        for name, kv in kv_tensors(runner):
             if not kv.is_floating_point():
                 skipped[name] = f"dtype {kv.dtype} is not floating point"
                 continue
@@ -253,14 +252,6 @@ def fill_noise(runner, seed: int, std: float) -> dict[str, Any]:
             if d is None:
                 skipped[name] = f"no dimension of size num_blocks={num_blocks} in {tuple(kv.shape)}"
                 continue
-            # Magnitude of what is there now, on a sample: the lowest block ids are the
-            # ones a fresh engine hands out first.
-            sample = kv.narrow(d, 1, min(DIAG_BLOCKS, num_blocks - 1))
-            n = int(torch.count_nonzero(sample))
-            if n:
-                sq += float(torch.linalg.vector_norm(sample.float())) ** 2
-                nz += n
-            numel += sample.numel()
             if gen is None or gen.device != kv.device:
                 gen = torch.Generator(device=kv.device)
                 gen.manual_seed(int(seed))
@@ -278,11 +269,10 @@ def fill_noise(runner, seed: int, std: float) -> dict[str, Any]:
         "drafter_layers": sum(1 for n in filled if n in drafter),
         "drafter_layer_names": sorted(n for n in filled if n in drafter),
         "skipped": skipped,
-        # The magnitude K/V had in this cache before the fill (non-zero values of blocks
-        # 1..DIAG_BLOCKS): compare with "scale".
-        "observed_rms_nonzero_before": (math.sqrt(sq / nz) if nz else None),
-        "nonzero_fraction_before": (nz / numel if numel else None),
-        "diag_blocks": min(DIAG_BLOCKS, num_blocks - 1),
+        # non-zero values of blocks 1..DIAG_BLOCKS before the fill: compare with "scale"
+        "observed_rms_nonzero_before": before["rms_nonzero"],
+        "nonzero_fraction_before": before["nonzero_fraction"],
+        "diag_blocks": before["diag_blocks"],
     }
 
 

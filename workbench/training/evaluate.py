@@ -138,6 +138,14 @@ def _diff(a, b):
     }
 
 
+def _with_rates(d: dict) -> dict:
+    """Add vLLM's per-position rates and acceptance length to summed counters."""
+    n = max(1, d["num_drafts"])
+    d["per_pos"] = [c / n for c in d["per_pos_counts"]]
+    d["acceptance_length"] = 1 + d["num_accepted"] / n
+    return d
+
+
 def degeneracy(token_lists):
     distinct, share = [], []
     for t in token_lists:
@@ -158,12 +166,9 @@ def run_batch(llm, prompts, max_tokens: int):
     t0 = time.time()
     outs = llm.generate([p["text"] for p in prompts], sp, use_tqdm=False)
     wall = time.time() - t0
-    d = _diff(before, spec_counters(llm))
+    d = _with_rates(_diff(before, spec_counters(llm)))
     toks = [list(o.outputs[0].token_ids) for o in outs]
     texts = [o.outputs[0].text for o in outs]
-    n = max(1, d["num_drafts"])
-    d["per_pos"] = [c / n for c in d["per_pos_counts"]]
-    d["acceptance_length"] = 1 + d["num_accepted"] / n
     distinct, share = degeneracy(toks)
     d.update(
         wall_s=wall,
@@ -198,9 +203,7 @@ def run_corrupted(llm, prompts, prompt_lens, max_tokens: int, mode: str):
         tot["per_pos_counts"] = pc if tot["per_pos_counts"] is None else [a + b for a, b in zip(tot["per_pos_counts"], pc)]
         for i, tt in zip(idx, t):
             toks[i] = tt
-    n = max(1, tot["num_drafts"])
-    tot["per_pos"] = [c / n for c in tot["per_pos_counts"]]
-    tot["acceptance_length"] = 1 + tot["num_accepted"] / n
+    _with_rates(tot)
     tot.update(mode=mode, n_groups=len(groups), scope="each prompt's whole drafter KV (positions < its length)")
     return tot, toks
 
