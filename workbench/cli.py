@@ -38,42 +38,47 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
     for role in ("p", "d", "baseline"):
         ap.add_argument(f"--port-{role}", type=int, help=f"port of the {role} server (default: a free one)")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
-                    help="repeatable; " + "; ".join(
-                        f"{k.name}: {'|'.join(k.values)}" for k in knob_spec.KNOBS.values()))
+                    help="repeatable; " + knob_spec.help_text())
 
 
 _FLAG_FIELDS = ("target", "drafter", "profile", "num_prompts", "max_tokens", "prompt_set",
                 "prompt_file", "k_p", "k_d", "block_size", "kv_cache_bytes", "seed", "host")
 
 
-def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
-    data: dict = {}
-    if args.config:
-        data = read_json(args.config)
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {args.config!r} must hold a JSON object")
+def _flag_values(args: argparse.Namespace, data: dict) -> dict:
+    """``data`` (a config file's fields) overridden by the flags given on the command line."""
+    data = dict(data)
     for f in _FLAG_FIELDS:
-        v = getattr(args, f, None)
-        if v is not None:
-            data[f] = v
+        if getattr(args, f, None) is not None:
+            data[f] = getattr(args, f)
     ports = dict(data.get("ports", {}))
     for role in ("p", "d", "baseline"):
         if getattr(args, f"port_{role}", None) is not None:
             ports[role] = getattr(args, f"port_{role}")
-    data["ports"] = ports
+    if ports:
+        data["ports"] = ports
     if args.no_baseline:
         data["run_baseline"] = False
-    if getattr(args, "no_enforce_eager", False):
+    if args.no_enforce_eager:
         data["enforce_eager"] = False
-    knobs = dict(data.get("knobs", {}))
-    for a in args.knob:
-        try:
-            name, value = knob_spec.parse_assignment(a)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        knobs[name] = value
-    data["knobs"] = knobs
-    return ExperimentConfig.from_dict(data)
+    try:
+        data["knobs"] = knob_spec.parse_assignments(args.knob, data.get("knobs", {}))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return data
+
+
+def _config_file(args: argparse.Namespace) -> dict:
+    if not args.config:
+        return {}
+    data = read_json(args.config)
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {args.config!r} must hold a JSON object")
+    return data
+
+
+def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
+    return ExperimentConfig.from_dict(_flag_values(args, _config_file(args)))
 
 
 def parse_attach(text: str | None) -> dict[str, str] | None:
@@ -145,20 +150,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Print every server command line and environment, one JSON object per line."""
     import json
 
-    from .config import ExperimentConfig
-    from .experiment import Session
+    from .channels import FileChannel
+    from .plan import server_specs
 
-    overrides = {f: getattr(args, f) for f in _FLAG_FIELDS if getattr(args, f, None) is not None}
-    overrides.pop("profile", None)
-    if getattr(args, "no_enforce_eager", False):
-        overrides["enforce_eager"] = False
-    knobs = {}
-    for a in args.knob:
-        name, value = knob_spec.parse_assignment(a)
-        knobs[name] = value
-    cfg = ExperimentConfig.for_profile(args.profile or "cpu", knobs=knobs, require_models=False,
-                                       **overrides)
-    for spec in Session(args.log_dir).specs(cfg):
+    overrides = _flag_values(args, _config_file(args))
+    profile = overrides.pop("profile", None) or "cpu"
+    cfg = ExperimentConfig.for_profile(profile, require_models=False, **overrides)
+    ch = FileChannel.in_dir(args.log_dir)
+    for spec in server_specs(cfg, args.log_dir, knobs_file=ch.knobs_file, state_dir=ch.state_dir):
         print(json.dumps({"role": spec.role, "url": spec.url, "argv": spec.command(),
                           "env": spec.env(), "log": str(spec.log_path)}))
     return 0
@@ -171,8 +170,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .experiment import Session
 
     cfg = config_from_args(args)
-    if args.no_baseline:
-        cfg.run_baseline = False
     with Session(args.log_dir) as s:
         s.ensure(cfg)
         info = {"urls": {r: v.url for r, v in s.servers.items()},

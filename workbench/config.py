@@ -108,6 +108,16 @@ class ExperimentConfig:
     SERVER_FIELDS = ("target", "drafter", "profile", "k_p", "k_d", "block_size",
                      "kv_cache_bytes", "max_model_len", "host", "seed", "enforce_eager")
 
+    def enforce_eager_in_force(self) -> bool:
+        """``--enforce-eager`` as the servers get it: the profile's unless overridden."""
+        if self.enforce_eager is None:
+            return profiles.PROFILES[self.profile].enforce_eager
+        return self.enforce_eager
+
+    def roles(self) -> list[str]:
+        """The servers this config needs, in start order."""
+        return (["p", "d"] if self.run_pd else []) + (["baseline"] if self.run_baseline else [])
+
     def server_key(self) -> tuple[Any, ...]:
         restart = tuple(self.knobs[n] for n in knob_spec.restart_knobs())
         ports = tuple(sorted(self.ports.items()))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 # Sample names as vLLM exports them (counters carry the _total suffix).
@@ -44,6 +43,13 @@ class SpecCounters:
             accepted_per_pos=[op(x, y) for x, y in zip(a, b)],
             **{f: op(getattr(self, f), getattr(other, f)) for f in scalars},
         )
+
+    @classmethod
+    def from_summary(cls, s: dict) -> SpecCounters:
+        """The counters back from a ``summary()`` (a request row's stored deltas)."""
+        return cls(num_drafts=s["num_drafts"], num_draft_tokens=s["num_draft_tokens"],
+                   num_accepted=s["num_accepted"], accepted_per_pos=list(s["accepted_per_pos"]),
+                   prefix_queries=s["prefix_cache_queries"], prefix_hits=s["prefix_cache_hits"])
 
     def __sub__(self, before: SpecCounters) -> SpecCounters:
         return self._combine(before, lambda x, y: x - y)
@@ -109,7 +115,9 @@ def parse(text: str) -> SpecCounters:
     return c
 
 
-def scrape(base_url: str, timeout: float = 10.0) -> SpecCounters:
-    r = httpx.get(f"{base_url}/metrics", timeout=timeout)
-    r.raise_for_status()
-    return parse(r.text)
+def total(summaries: list[dict]) -> SpecCounters:
+    """The sum of several requests' counter deltas."""
+    out = SpecCounters()
+    for s in summaries:
+        out = out + SpecCounters.from_summary(s)
+    return out

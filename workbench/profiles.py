@@ -1,9 +1,9 @@
 """Hardware profiles: how P, D and the baseline are placed and sized, and their defaults.
 
 CPU: an unpinned vLLM CPU server spreads its OpenMP threads over every core, and two such
-servers on a 2-core machine made a request about 9 times slower (notes, section 8). So P and D
-get a core each; the baseline runs while P and D are idle (requests are sequential), so it
-shares D's core instead of fighting for both.
+servers on a 2-core machine made a request about 9 times slower (the README, 'How a run is
+measured'). So P and D get a core each; the baseline runs while P and D are idle (requests
+are sequential), so it shares D's core instead of fighting for both.
 
 GPU: the flags of vLLM's PD + EAGLE3 acceptance test
 (``tests/v1/kv_connector/nixl_integration/spec_decode_acceptance_test.sh``): block size 16,

@@ -16,7 +16,8 @@ from typing import Callable
 
 from . import paths
 
-# Prompt sets that need D to hold the prompt's prefix before the PD request (notes, section 11).
+# Prompt sets that need D to hold the prompt's prefix before the PD request, so that D loads only
+# the tail from P (the README's 'last block' points).
 PRIME_D_SETS = ("lastblock",)
 
 
@@ -112,7 +113,8 @@ def lastblock(n: int, tokenizer, seed: int = 0, block_size: int = 32) -> list[Pr
     """Bad-case lengths of 3+ blocks, with D primed so it loads only the last block from P.
 
     With EAGLE the prefix cache never reuses the last matched block, so a prefix must span two
-    or more blocks to be reused at all (notes, section 11).
+    or more blocks to be reused at all (``SingleTypeKVCacheManager.find_longest_cache_hit`` in
+    ``vllm/v1/core/single_type_kv_cache_manager.py`` drops the last matched block for EAGLE).
     """
     return _trimmed(n, tokenizer, [4 * block_size, 5 * block_size], "lastblock", prime_d=True)
 
@@ -152,11 +154,6 @@ SOURCES: dict[str, PromptSource] = {
     "lastblock": lastblock,
     "random": random_ids,
 }
-
-
-def register(name: str, source: PromptSource) -> None:
-    """Plug in another prompt set: ``source(n, tokenizer, seed=..., block_size=...)``."""
-    SOURCES[name] = source
 
 
 def build(name: str, n: int, model_dir: str, *, seed: int = 0, block_size: int = 32,

@@ -2,7 +2,7 @@
 
 P gets a copy of the request with ``max_tokens=1``, ``stream=false`` and ``do_remote_decode``;
 D gets the original request plus the ``kv_transfer_params`` P returned, under the same request
-id. ``make_app`` serves the same flow over HTTP so any OpenAI client can be pointed at it.
+id.
 """
 
 from __future__ import annotations
@@ -61,37 +61,3 @@ async def pd_complete(
     r = await client.post(f"{d_url}{endpoint}", json=decode_request(body, p_resp), headers=headers)
     r.raise_for_status()
     return p_resp, r.json()
-
-
-def make_app(p_url: str, d_url: str, timeout: float = 600.0):
-    """An aiohttp app serving /v1/completions (non-streaming) through P then D."""
-    from aiohttp import web
-
-    async def on_startup(app):
-        app["client"] = httpx.AsyncClient(timeout=timeout)
-
-    async def on_cleanup(app):
-        await app["client"].aclose()
-
-    async def completions(request: web.Request) -> web.Response:
-        body = await request.json()
-        if body.get("stream"):
-            return web.json_response({"error": "streaming is not supported by this proxy"},
-                                     status=400)
-        rid = request.headers.get("X-Request-Id")
-        try:
-            _, d_resp = await pd_complete(request.app["client"], p_url, d_url, body, rid)
-        except httpx.HTTPStatusError as e:
-            return web.Response(status=e.response.status_code, text=e.response.text,
-                                content_type="application/json")
-        return web.json_response(d_resp)
-
-    async def health(_request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/health", health)
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-    return app

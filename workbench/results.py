@@ -3,30 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from . import paths, profiles
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(paths.REPO), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True, text=True, timeout=5,
-        )
-        commit = out.stdout.strip() or "unknown"
-        dirty = subprocess.run(
-            ["git", "-C", str(paths.REPO), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
-        ).stdout.strip()
-        return commit + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+from . import metrics, profiles
+from .knobs import spec as knob_spec
+from .provenance import atomic_write_json
 
 
 @dataclass
@@ -59,13 +44,8 @@ class Result:
         return asdict(self)
 
     def save(self, out_dir: str | Path) -> Path:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / "result.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2))
-        tmp.replace(path)
-        return path
+        return atomic_write_json(Path(out_dir) / "result.json", self.to_dict(), indent=2,
+                                 sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> Result:
@@ -139,20 +119,68 @@ class Result:
 def knobs_in_force(knobs: dict[str, Any]) -> dict[str, str]:
     """One value per knob, read back from the role it acts on (P-only knobs from P: D always
     reports its own untouched hand-off), client-side knobs from the request."""
-    from .knobs import spec
-
     out = {}
-    for name, k in spec.KNOBS.items():
-        if k.acts_on == "client":
+    for name, k in knob_spec.KNOBS.items():
+        if k.client_side:
             value = (knobs.get("client") or knobs.get("requested") or {}).get(name)
         else:
-            role = k.acts_on.split(",")[0] if k.acts_on == "p" else "d"
-            value = (knobs.get(role) or {}).get(name)
+            value = (knobs.get(k.read_back_role) or {}).get(name)
             if value is None:
                 value = (knobs.get("p") or {}).get(name)
         if value is not None:
             out[name] = value
     return out
+
+
+def first_diff(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (None: equal)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def aggregate(result: Result, rows: list[dict]) -> None:
+    """Sum the request rows into the result's sides, and compare PD's tokens with the
+    baseline's request by request."""
+    for side in ("baseline", "pd"):
+        have = [r[side] for r in rows if side in r]
+        if have:
+            summary = metrics.total(have).summary()
+            summary["num_requests"] = len(have)
+            setattr(result, side, summary)
+    both = [r for r in rows if "pd_tokens" in r and "baseline_tokens" in r]
+    for r in both:
+        d = first_diff(r["pd_tokens"], r["baseline_tokens"])
+        r["agree"], r["first_diff"] = d is None, d
+        r["extra_pd_drafts"] = r["pd"]["num_drafts"] - r["baseline"]["num_drafts"]
+    if both:
+        result.token_agreement = sum(r["agree"] for r in both) / len(both)
+        add_extra_drafts(result, both)
+
+
+def add_extra_drafts(result: Result, both: list[dict]) -> None:
+    """D counts one draft more per request than the baseline (its first decode step after
+    the KV load verifies a draft, and every token of it is rejected; measured: with
+    max_tokens=1 D counts 1 draft, the baseline 0). The scheduler's ``pad_spec_decode`` makes
+    it: with that padding off, D counts the baseline's drafts exactly
+    (test_extra_draft_on_d_is_the_schedulers_spec_decode_padding). Report the rates without
+    those drafts next to vLLM's raw rates, so a reader can tell this accounting from lost
+    acceptance."""
+    extra = sum(r["extra_pd_drafts"] for r in both)
+    pd_ = result.pd
+    pd_["extra_drafts_vs_baseline"] = extra
+    denom = pd_["num_drafts"] - extra
+    pd_["per_position_without_extra_drafts"] = (
+        [a / denom for a in pd_["accepted_per_pos"]] if denom > 0 else None)
+    if extra:
+        result.notes.append(
+            f"D counted {extra} more drafts than the baseline over {len(both)} requests "
+            "(one per request: vLLM's Scheduler pads D's first step after the KV load, a "
+            "one-token step, with num_spec_tokens placeholder drafts [-1]*k, which are all "
+            "rejected and counted as a draft), which lowers vLLM's per-position rates on D by "
+            f"{extra}/{pd_['num_drafts']} relative. 'per_position_without_extra_drafts' "
+            "removes them.")
 
 
 def append_to_store(result: Result, store: str | Path) -> Path:

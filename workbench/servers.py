@@ -73,7 +73,7 @@ class ServerSpec:
     enforce_eager: bool = True
     knobs_file: Path | None = None
     knobs_state_dir: Path | None = None
-    transfer: str = "direct"
+    restart_knobs: dict[str, str] = field(default_factory=dict)  # restart-time knob values
     side_channel_port: int | None = None
     nixl_progress_delay_us: int = 0
     extra_args: list[str] = field(default_factory=list)
@@ -136,7 +136,7 @@ class ServerSpec:
             "TRANSFORMERS_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
             knob_spec.ENV_ROLE: self.role,
-            knob_spec.ENV_TRANSFER: self.transfer,
+            **knob_spec.restart_env({**knob_spec.defaults(), **self.restart_knobs}),
         }
         if self.cpus is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpus

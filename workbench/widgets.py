@@ -27,7 +27,8 @@ from . import paths, plots
 from . import prompts as prompt_sets
 from .config import ConfigError, ExperimentConfig
 from .knobs import spec as knob_spec
-from .results import Result
+from .history import RunHistory
+from .results import Result, knobs_in_force
 
 # --------------------------------------------------------------------------------------
 # Helpers both notebooks use
@@ -110,11 +111,50 @@ def acceptance_frame(results: Sequence[Result]) -> pd.DataFrame:
 # The explorer
 # --------------------------------------------------------------------------------------
 
-# Columns the explorer's table shows (the exported CSV has every column of summary_row).
-_TABLE_FIRST = ("run", "repeat", "label", "prompt_set", "num_prompts", "k_p", "k_d")
 _PHASE_TEXT = {"start": "starting servers", "knobs": "applying knobs"}  # Session.run phases
-_TABLE_LAST = ("pd_acceptance_length", "baseline_acceptance_length", "token_agreement",
-               "wall_seconds")
+
+
+def knob_dropdowns(base: ExperimentConfig, attached: bool) -> dict[str, Any]:
+    """One dropdown per knob, generated from the knob table (restart-time ones marked ↻,
+    and fixed when attached to servers someone else started with their value)."""
+    import ipywidgets as w
+
+    out = {}
+    for name, k in knob_spec.KNOBS.items():
+        tip = k.where + (f" | restart: {k.why_restart}" if k.restart else "")
+        out[name] = w.Dropdown(options=list(k.values), value=base.knobs.get(name, k.default),
+                               description=name + (" ↻" if k.restart else ""), tooltip=tip,
+                               style={"description_width": "120px"},
+                               layout=w.Layout(width="300px"), disabled=k.restart and attached)
+    return out
+
+
+def run_controls(base: ExperimentConfig, attached: bool) -> dict[str, Any]:
+    """The servers' k for P and D (restart), the prompts, the tokens, repeats, reuse."""
+    import ipywidgets as w
+
+    small = {"style": {"description_width": "90px"}, "layout": w.Layout(width="190px")}
+    sets = list(prompt_sets.SOURCES)
+    return {
+        "k_p": w.BoundedIntText(value=base.k_p, min=1, max=8, description="k on P ↻",
+                                tooltip="P's num_speculative_tokens (restart)",
+                                disabled=attached, **small),
+        "k_d": w.BoundedIntText(value=base.k_d, min=1, max=8, description="k on D ↻",
+                                tooltip="D's and the baseline's num_speculative_tokens "
+                                "(restart)", disabled=attached, **small),
+        "prompt_set": w.Dropdown(options=sets, value=base.prompt_set if base.prompt_set in sets
+                                 else sets[0], description="prompts",
+                                 style={"description_width": "90px"},
+                                 layout=w.Layout(width="230px")),
+        "num_prompts": w.BoundedIntText(value=base.num_prompts, min=1, max=1000,
+                                        description="# prompts", **small),
+        "max_tokens": w.BoundedIntText(value=base.max_tokens, min=1, max=4096,
+                                       description="max tokens", **small),
+        "repeats": w.BoundedIntText(value=1, min=1, max=20, description="repeats", **small),
+        "reuse_baseline": w.Checkbox(value=True, description="reuse baseline", indent=False,
+                                     tooltip="measure the baseline once per server shape, "
+                                     "prompts and max_tokens (off: measure it every run)"),
+    }
 
 
 class KnobExplorer:
@@ -126,14 +166,8 @@ class KnobExplorer:
     servers restart only when a restart-time knob (``spec.KNOBS[n].restart``) or k changes.
     """
 
-    CONTROLS = ("k_p", "k_d", "prompt_set", "num_prompts", "max_tokens", "repeats",
-                "reuse_baseline")
-    MAX_PLOTTED = 6  # the figure shows the last few runs; the table and export keep all
-
     def __init__(self, base: ExperimentConfig, session=None, *,
                  out_dir: str | Path = paths.RUNS / "explorer", echo: bool = False):
-        import ipywidgets as w
-
         self.base = base
         self.out_dir = Path(out_dir)
         self._own_session = session is None
@@ -143,51 +177,18 @@ class KnobExplorer:
         self.session = session
         self._baseline_cache = session.baseline_cache
         self.echo = echo  # print one line per phase (headless runs, logs)
-        self.history: list[list[Result]] = []
+        self.runs = RunHistory()
         self.last_error: BaseException | None = None
         self.figure_paths: list[Path] = []
-        self._rep = 0
-        self._repeats = 1
-
-        # --- knob controls, generated from the spec --------------------------------------
+        self._rep, self._repeats = 0, 1
         attached = getattr(session, "attached", False)
-        self.knob_controls: dict[str, w.Dropdown] = {}
-        for name, k in knob_spec.KNOBS.items():
-            tip = k.where + (f" | restart: {k.why_restart}" if k.restart else "")
-            dd = w.Dropdown(options=list(k.values), value=base.knobs.get(name, k.default),
-                            description=name + (" ↻" if k.restart else ""), tooltip=tip,
-                            style={"description_width": "120px"},
-                            layout=w.Layout(width="300px"))
-            if k.restart and attached:
-                dd.disabled = True  # attached servers were started with their value
-            self.knob_controls[name] = dd
+        self.knob_controls = knob_dropdowns(base, attached)
+        self.controls = run_controls(base, attached)
+        self._build_outputs()
+        self.panel = self._layout(attached)
 
-        # --- run controls -----------------------------------------------------------------
-        small = {"style": {"description_width": "90px"}, "layout": w.Layout(width="190px")}
-        sets = list(prompt_sets.SOURCES)
-        self.controls: dict[str, Any] = {
-            "k_p": w.BoundedIntText(value=base.k_p, min=1, max=8, description="k on P ↻",
-                                    tooltip="P's num_speculative_tokens (restart)", **small),
-            "k_d": w.BoundedIntText(value=base.k_d, min=1, max=8, description="k on D ↻",
-                                    tooltip="D's and the baseline's num_speculative_tokens "
-                                    "(restart)", **small),
-            "prompt_set": w.Dropdown(options=sets, value=base.prompt_set if base.prompt_set in sets
-                                     else sets[0], description="prompts",
-                                     style={"description_width": "90px"},
-                                     layout=w.Layout(width="230px")),
-            "num_prompts": w.BoundedIntText(value=base.num_prompts, min=1, max=1000,
-                                            description="# prompts", **small),
-            "max_tokens": w.BoundedIntText(value=base.max_tokens, min=1, max=4096,
-                                           description="max tokens", **small),
-            "repeats": w.BoundedIntText(value=1, min=1, max=20, description="repeats", **small),
-            "reuse_baseline": w.Checkbox(value=True, description="reuse baseline",
-                                         indent=False,
-                                         tooltip="measure the baseline once per server shape, "
-                                         "prompts and max_tokens (off: measure it every run)"),
-        }
-        if attached:
-            for name in ("k_p", "k_d"):
-                self.controls[name].disabled = True
+    def _build_outputs(self) -> None:
+        import ipywidgets as w
 
         self.run_button = w.Button(description="Run", button_style="primary", icon="play",
                                    tooltip="run baseline + PD with these settings")
@@ -201,44 +202,40 @@ class KnobExplorer:
         self.progress = w.IntProgress(value=0, min=0, max=1, description="idle",
                                       style={"description_width": "90px"},
                                       layout=w.Layout(width="420px"))
-        self.status = w.HTML(value="")
-        self.notes = w.HTML(value="")
+        self.status, self.notes, self.log_html = w.HTML(value=""), w.HTML(value=""), w.HTML(value="")
         self.plot = w.Image(format="png", layout=w.Layout(max_width="820px"))
         self.plot.add_class("wb-plot")
         # HTML widgets, not Output captures: they update the same way from a kernel, a
         # papermill run or a plain Python process (tests), and render without a kernel.
         self.table_html = w.HTML(value="")
         self.table_html.add_class("wb-table")
-        self.log_html = w.HTML(value="")
-
         self.run_button.on_click(self._on_run)
         self.export_button.on_click(self._on_export)
         self.clear_button.on_click(lambda _b: self.clear())
+
+    def _layout(self, attached: bool):
+        import ipywidgets as w
 
         restart = ", ".join(knob_spec.restart_knobs()) or "none"
         header = w.HTML(
             "<b>PD + EAGLE3 knob explorer</b> &mdash; ↻ marks settings that restart the "
             f"servers (knobs: {html.escape(restart)}; and k); the rest switch at runtime."
             + (" <i>Attached to running servers: restart-time settings are fixed.</i>"
-               if attached else "")
-        )
+               if attached else ""))
         knob_grid = w.GridBox(list(self.knob_controls.values()),
                               layout=w.Layout(grid_template_columns="repeat(3, 310px)"))
         c = self.controls
-        self.panel = w.VBox([
-            header,
-            knob_grid,
+        panel = w.VBox([
+            header, knob_grid,
             w.HBox([c["k_p"], c["k_d"], c["prompt_set"], c["num_prompts"]]),
             w.HBox([c["max_tokens"], c["repeats"], c["reuse_baseline"]]),
             w.HBox([self.run_button, self.progress]),
-            self.status,
-            self.notes,
-            self.plot,
-            self.table_html,
+            self.status, self.notes, self.plot, self.table_html,
             w.HBox([self.export_button, self.export_dir, self.clear_button]),
             self.log_html,
         ])
-        self.panel.add_class("wb-explorer")
+        panel.add_class("wb-explorer")
+        return panel
 
     # --- parameters ----------------------------------------------------------------------
     def set_values(self, **values: Any) -> None:
@@ -261,7 +258,7 @@ class KnobExplorer:
         """The ExperimentConfig the controls describe (validated)."""
         c = self.controls
         knobs = knob_spec.validate({n: dd.value for n, dd in self.knob_controls.items()})
-        changed = [f"{n}={v}" for n, v in knobs.items() if v != knob_spec.KNOBS[n].default]
+        changed = [f"{n}={v}" for n, v in knob_spec.changed(knobs).items()]
         label = f"#{len(self.history) + 1} " + (", ".join(changed) or "all fixes in place")
         cfg = replace(self.base, k_p=int(c["k_p"].value), k_d=int(c["k_d"].value),
                       prompt_set=c["prompt_set"].value, num_prompts=int(c["num_prompts"].value),
@@ -342,8 +339,6 @@ class KnobExplorer:
     def _in_force(r: Result) -> str:
         """The knob values read back from the servers' processes, each from the role it acts
         on (``results.knobs_in_force``), and any that are not as requested."""
-        from .results import knobs_in_force
-
         now = knobs_in_force(r.knobs)
         req = r.knobs.get("requested") or {}
         text = ("In force (read back from the servers' processes): "
@@ -355,35 +350,23 @@ class KnobExplorer:
 
     # --- results -------------------------------------------------------------------------
     @property
+    def history(self) -> list[list[Result]]:
+        return self.runs.groups
+
+    @property
     def results(self) -> list[Result]:
-        return [r for g in self.history for r in g]
+        return self.runs.results
 
     def table(self, full: bool = False) -> pd.DataFrame:
-        """One row per (run, repeat): knob values in force on D, k, prompts, per-position
-        acceptance for PD and the baseline, token agreement."""
-        rows = [{"run": i, "repeat": j, "label": plots.label(r), **r.summary_row()}
-                for i, g in enumerate(self.history, 1) for j, r in enumerate(g, 1)]
-        df = pd.DataFrame(rows)
-        if full or df.empty:
-            return df
-        pos = sorted(c for c in df.columns if c.startswith(("pd_pos", "baseline_pos")))
-        knobs = [c for c in df.columns if c.startswith("knob_")]
-        cols = [c for c in (*_TABLE_FIRST, *knobs, *pos, *_TABLE_LAST) if c in df.columns]
-        return df[cols]
-
-    def figure(self, out_dir: str | Path, stem: str = "per_position_spread") -> list[Path]:
-        """The explorer's figure (last ``MAX_PLOTTED`` runs, min-max over repeats)."""
-        return plots.per_position_spread(self.history[-self.MAX_PLOTTED:], out_dir, stem)
+        return self.runs.table(full)
 
     def refresh(self) -> None:
         """Redraw the figure and the table from ``history``."""
         if not self.history:
-            self.table_html.value = ""
-            self.plot.value = b""
-            self.notes.value = ""
+            self.table_html.value, self.plot.value, self.notes.value = "", b"", ""
             self.figure_paths = []
             return
-        self.figure_paths = self.figure(self.out_dir / "live")
+        self.figure_paths = self.runs.figure(self.out_dir / "live")
         png = png_of(self.figure_paths)
         self.plot.value = png.read_bytes() if png else b""
         self.table_html.value = self.table().round(4).to_html(index=False, na_rep="")
@@ -391,35 +374,19 @@ class KnobExplorer:
         self.notes.value = "".join(f"<div><b>note:</b> {html.escape(n)}</div>" for n in notes)
 
     def clear(self) -> None:
-        self.history = []
+        self.runs.groups = []
         self.refresh()
 
     def export(self, directory: str | Path | None = None) -> list[Path]:
-        """Write every figure (PNG, SVG, PDF with provenance), ``results.csv`` (one row per
-        run and repeat), ``requests.csv`` and each run's ``result.json`` under ``directory``."""
-        if not self.history:
-            raise RuntimeError("nothing to export yet: press Run first")
-        out = Path(directory or self.export_dir.value)
-        out.mkdir(parents=True, exist_ok=True)
-        written = self.figure(out / "figures")
-        written += plots.all_figures([g[-1] for g in self.history], out / "figures")
-        self.table(full=True).to_csv(out / "results.csv", index=False)
-        reqs = pd.concat([r.requests_frame().assign(run=i, repeat=j, label=plots.label(r))
-                          for i, g in enumerate(self.history, 1) for j, r in enumerate(g, 1)],
-                         ignore_index=True)
-        reqs.to_csv(out / "requests.csv", index=False)
-        written += [out / "results.csv", out / "requests.csv"]
-        for i, g in enumerate(self.history, 1):
-            for j, r in enumerate(g, 1):
-                written.append(r.save(out / "runs" / f"run{i:03d}-rep{j}"))
-        return written
+        """``RunHistory.export`` into ``directory`` (default: the panel's export field)."""
+        return self.runs.export(Path(directory or self.export_dir.value))
 
     def _on_export(self, _button=None) -> None:
         try:
             files = self.export()
             self.status.value = html.escape(f"exported {len(files)} files to "
                                             f"{Path(self.export_dir.value).resolve()}")
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - shown to the user in the panel
             self.status.value = (f"<span style='color:#b00'><b>export failed:</b> "
                                  f"{html.escape(str(e))}</span>")
 

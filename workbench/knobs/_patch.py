@@ -8,7 +8,6 @@ original, so the wrapper can call it and a test can undo it. ``PATCHED`` lists t
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -19,10 +18,6 @@ _MARK = "__workbench_patch__"
 
 def target_name(cls: type, name: str) -> str:
     return f"{cls.__module__}:{cls.__qualname__}.{name}"
-
-
-def is_patched(cls: type, name: str) -> bool:
-    return (cls, name) in _ORIGINALS
 
 
 def original(cls: type, name: str) -> Any:
@@ -95,7 +90,3 @@ def unpatch_all() -> None:
             setattr(cls, name, raw)
     _ORIGINALS.clear()
     PATCHED.clear()
-
-
-def params(fn: Callable[..., Any]) -> list[str]:
-    return list(inspect.signature(fn).parameters)

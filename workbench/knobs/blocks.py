@@ -30,7 +30,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import _patch, control
+from . import _patch
+from .component import Component, running
 
 NOISE_STD = {"dirty": 1.0, "poisoned": 100.0}
 DIAG_BLOCKS = 128  # blocks sampled to report the magnitude the cache held before a fill
@@ -55,16 +56,16 @@ V2_WORKER_TARGETS = (
 
 
 # ------------------------------------------------------------------------ engine core --
-def install_engine() -> None:
+def install_engine(comp: Component) -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     def make(orig):
         def _get_new_block_ids_to_zero(self):
             ids = orig(self)
             if ids:
-                comp = control.component("engine_core")
-                if comp is not None:
-                    comp.bump("blocks", "block_ids_sent_for_zeroing", len(ids))
+                c = running("engine_core")
+                if c is not None:
+                    c.bump("blocks", "block_ids_sent_for_zeroing", len(ids))
             return ids
 
         return _get_new_block_ids_to_zero
@@ -84,7 +85,7 @@ def _attention_manager(mgr) -> bool:
         CircularBufferSpec and isinstance(spec, CircularBufferSpec))
 
 
-def apply_engine(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[str, Any]]:
+def apply_engine(comp: Component, knobs: dict, seed: int) -> tuple[str, dict[str, Any]]:
     sched = comp.obj
     value = knobs["blocks"]
     managers = list(sched.kv_cache_manager.coordinator.single_type_managers)
@@ -114,21 +115,18 @@ def apply_engine(comp: control.Component, knobs: dict, seed: int) -> tuple[dict,
             events["prefix_cache_reset"] = bool(sched.reset_prefix_cache())
         except Exception as e:  # noqa: BLE001
             events["prefix_cache_reset"] = f"failed: {type(e).__name__}: {e}"
-    in_force = "zeroed" if sched.needs_kv_cache_zeroing else value
-    return {"blocks": in_force}, events
+    return ("zeroed" if sched.needs_kv_cache_zeroing else value), events
 
 
 # ----------------------------------------------------------------------------- worker --
-def install_worker(runner) -> None:
-    """Count zeroed blocks on the class that implements ``_zero_block_ids`` for ``runner``."""
+def install_worker(comp: Component) -> None:
+    """Count zeroed blocks on the class that implements ``_zero_block_ids`` for the runner."""
+    runner = comp.obj.model_runner
     cls = next((k for k in type(runner).__mro__ if "_zero_block_ids" in k.__dict__), None)
     if cls is not None:
         def make(orig):
             def _zero_block_ids(self, block_ids):
-                comp = control.component("worker")
-                if comp is not None and block_ids:
-                    comp.bump("blocks", "blocks_zeroed", len(block_ids))
-                    comp.bump("blocks", "zero_calls")
+                _count_zeroed(len(block_ids))
                 return orig(self, block_ids)
 
             return _zero_block_ids
@@ -140,10 +138,7 @@ def install_worker(runner) -> None:
 
             def make_z(orig):
                 def zero_block_ids(self, block_ids):
-                    comp = control.component("worker")
-                    if comp is not None and len(block_ids):
-                        comp.bump("blocks", "blocks_zeroed", len(block_ids))
-                        comp.bump("blocks", "zero_calls")
+                    _count_zeroed(len(block_ids))
                     return orig(self, block_ids)
 
                 return zero_block_ids
@@ -151,6 +146,13 @@ def install_worker(runner) -> None:
             _patch.patch(KVBlockZeroer, "zero_block_ids", make_z)
         except Exception:  # noqa: BLE001, S110 - informational counter only
             pass
+
+
+def _count_zeroed(n: int) -> None:
+    c = running("worker")
+    if c is not None and n:
+        c.bump("blocks", "blocks_zeroed", n)
+        c.bump("blocks", "zero_calls")
 
 
 def _ensure_zeroer(runner) -> str:
@@ -276,7 +278,7 @@ def fill_noise(runner, seed: int, std: float) -> dict[str, Any]:
     }
 
 
-def apply_worker(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[str, Any]]:
+def apply_worker(comp: Component, knobs: dict, seed: int) -> tuple[str, dict[str, Any]]:
     runner = comp.obj.model_runner
     value = knobs["blocks"]
     source = knobs["dirty_source"]
@@ -284,13 +286,15 @@ def apply_worker(comp: control.Component, knobs: dict, seed: int) -> tuple[dict,
     if value == "zeroed":
         events["zeroer"] = _ensure_zeroer(runner)
         events["blocks_zeroed"] = 0
+    elif value in NOISE_STD and source == "noise":
+        events["fill"] = fill_noise(runner, seed, NOISE_STD[value])
     elif value in NOISE_STD:
-        if source == "noise":
-            events["fill"] = fill_noise(runner, seed, NOISE_STD[value])
-        else:
-            from .plugin import runner_kind
+        seen = observe(runner)
+        events["fill"] = {"kind": "warmup", "runner": comp.runner, **seen,
+                          "note": warmup_note(comp.runner, seen)}
+    return value, events
 
-            kind = runner_kind(runner)
-            seen = observe(runner)
-            events["fill"] = {"kind": "warmup", "runner": kind, **seen, "note": warmup_note(kind, seen)}
-    return {"blocks": value, "dirty_source": source}, events
+
+def apply_dirty_source(comp: Component, knobs: dict, seed: int) -> tuple[str, dict[str, Any]]:
+    """Read back only: ``apply_worker`` acts on the source (it is part of the fill)."""
+    return knobs["dirty_source"], {}

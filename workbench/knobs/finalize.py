@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _patch, control
+from . import _patch
+from .component import Component, running
+from .transfer import connector_worker
 
 # pending_skips: steps whose deferral was forced off and whose later finalize is still due
 _state = {"eager": False, "pending_skips": 0}
@@ -46,8 +48,10 @@ V2_TARGETS = (
 )
 
 
-def _comp():
-    return control.component("worker")
+def _count(key: str) -> None:
+    c = running("worker")
+    if c is not None:
+        c.bump("finalize", key)
 
 
 def install_v1() -> None:
@@ -60,9 +64,7 @@ def install_v1() -> None:
             if _state["eager"] and defer_finalize:
                 defer_finalize = False
                 _state["pending_skips"] += 1
-                c = _comp()
-                if c is not None:
-                    c.bump("finalize", "eager_steps")
+                _count("eager_steps")
             return orig(scheduler_output, defer_finalize=defer_finalize)
 
         return maybe_get_kv_connector_output
@@ -71,9 +73,7 @@ def install_v1() -> None:
         def finalize_kv_connector() -> None:
             if _state["pending_skips"] > 0:
                 _state["pending_skips"] -= 1
-                c = _comp()
-                if c is not None:
-                    c.bump("finalize", "finalize_skipped")
+                _count("finalize_skipped")
                 return None
             return orig()
 
@@ -100,9 +100,7 @@ def install_v2() -> None:
                 finished = getattr(self, "_wb_finished_req_ids", set())
                 # The old order: finalize (save, results, clear metadata) before drafting.
                 self._wb_eager_output = _patch.original(A, "post_forward")(self, finished)
-                c = _comp()
-                if c is not None:
-                    c.bump("finalize", "eager_steps")
+                _count("eager_steps")
             return out
 
         return finish_forward
@@ -112,9 +110,7 @@ def install_v2() -> None:
             stashed = getattr(self, "_wb_eager_output", _NOTHING)
             if stashed is not _NOTHING:
                 del self._wb_eager_output
-                c = _comp()
-                if c is not None:
-                    c.bump("finalize", "finalize_skipped")
+                _count("finalize_skipped")
                 return stashed
             return orig(self, finished_req_ids)
 
@@ -125,32 +121,27 @@ def install_v2() -> None:
     _patch.patch(A, "post_forward", make_post)
 
 
-def install(runner: str) -> None:
-    if runner == "v2":
+def install(comp: Component) -> None:
+    """Only the patches for the runner vLLM chose (known once the worker has its runner)."""
+    if comp.runner == "v2":
         install_v2()
     else:
         install_v1()
 
 
-def apply(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[str, Any]]:
+def apply(comp: Component, knobs: dict, seed: int) -> tuple[str, dict[str, Any]]:
     value = knobs["finalize"]
     _state["eager"] = value == "eager"
     _state["pending_skips"] = 0
     events: dict[str, Any] = {"mode": value, "runner": comp.runner,
                               "eager_steps": 0, "finalize_skipped": 0}
     try:
-        from vllm.distributed.kv_transfer import (
-            get_kv_transfer_group,
-            has_kv_transfer_group,
-        )
-
-        if not has_kv_transfer_group():
+        has_connector, w = connector_worker()
+        if not has_connector:
             events["note"] = "no KV connector in this server: finalize timing has no effect"
-        else:
-            w = getattr(get_kv_transfer_group(), "connector_worker", None)
-            if w is not None and not getattr(w, "use_host_buffer", False):
-                events["note"] = ("NIXL without host staging reads the KV memory directly: "
-                                  "finalize timing changes nothing the transfer sees")
+        elif w is not None and not getattr(w, "use_host_buffer", False):
+            events["note"] = ("NIXL without host staging reads the KV memory directly: "
+                              "finalize timing changes nothing the transfer sees")
     except Exception as e:  # noqa: BLE001 - informational only
         events["note"] = f"could not inspect the KV connector: {e}"
-    return {"finalize": value}, events
+    return value, events

@@ -8,15 +8,16 @@ legacy:  the pre-0.25 behaviour: it returns every block of the request
 
 The wrapper always computes both lists and counts, per version: hand-offs performed,
 how many of them handed more blocks than computed (legacy) or would have (clipped), and
-the last few (block counts handed vs computed). Only on role ``p``; elsewhere the knob is
-reported as ``clipped`` with a note.
+the last few (block counts handed vs computed). The knob table makes it act on role ``p``
+only; elsewhere the component applies ``clipped`` and notes why.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import _patch, control
+from . import _patch
+from .component import Component, running
 
 TARGETS = (
     ("vllm.v1.core.kv_cache_manager", "KVCacheManager", "get_block_ids_for_computed_tokens",
@@ -28,13 +29,13 @@ TARGETS = (
 _state = {"legacy": False}
 
 
-def install() -> None:
+def install(comp: Component) -> None:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     def make(orig):
         def get_block_ids_for_computed_tokens(self, request_id, num_computed_tokens):
             clipped = orig(self, request_id, num_computed_tokens)
-            comp = control.component("engine_core")
+            comp = running("engine_core")
             if comp is None:
                 return clipped
             full = self.get_block_ids(request_id)
@@ -64,17 +65,8 @@ def install() -> None:
     _patch.patch(KVCacheManager, "get_block_ids_for_computed_tokens", make)
 
 
-def apply(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[str, Any]]:
-    requested = knobs["block_handoff"]
-    events: dict[str, Any] = {"handoffs": 0, "legacy_handoffs": 0,
-                              "handoffs_with_extra_blocks": 0, "extra_blocks_handed": 0}
-    if comp.role != "p":
-        value = "clipped"
-        if requested != "clipped":
-            events["note"] = (f"block_handoff={requested} acts on P only; role {comp.role!r} "
-                              "hands off clipped block ids")
-    else:
-        value = requested
+def apply(comp: Component, knobs: dict, seed: int) -> tuple[str, dict[str, Any]]:
+    value = knobs["block_handoff"]
     _state["legacy"] = value == "legacy"
-    events["mode"] = value
-    return {"block_handoff": value}, events
+    return value, {"handoffs": 0, "legacy_handoffs": 0, "handoffs_with_extra_blocks": 0,
+                   "extra_blocks_handed": 0, "mode": value}

@@ -18,7 +18,8 @@ import json
 import os
 from typing import Any
 
-from . import control, spec
+from . import channel
+from . import spec
 
 METHOD = "workbench_knobs"
 
@@ -33,15 +34,15 @@ def worker_method(self, request: str = "") -> dict[str, Any]:
     written = False
     if request:
         req = json.loads(request)
-        current = control.read_control(path) or {}
+        current = channel.read_control(path) or {}
         # Roles sharing one control file (servers started by one `workbench serve`) each get
         # the same request; the first writes it, the others find it there.
         if int(req["version"]) > int(current.get("version", 0)):
-            control.write_control(path, int(req["version"]), req["knobs"], int(req["seed"]))
+            channel.write_control(path, int(req["version"]), req["knobs"], int(req["seed"]))
             written = True
-    states = control.read_states(state_dir) if state_dir else []
+    states = channel.read_states(state_dir) if state_dir else []
     return {"role": role, "pid": os.getpid(), "written": written,
-            "control": control.read_control(path),
+            "control": channel.read_control(path),
             "states": [s for s in states if s.get("role") == role]}
 
 

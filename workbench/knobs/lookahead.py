@@ -6,9 +6,9 @@ default: the scheduler's own ``num_lookahead_tokens`` (P's ``num_speculative_tok
          for an N-token prompt instead of ``ceil((N + L) / bs)``.
 
 Applied by the control thread (engine idle) and re-asserted at the start of every
-``Scheduler.schedule`` so a value set here always holds for a whole step. Only on role
-``p``: on D and the baseline the lookahead is what the drafter needs to decode, so the
-knob is reported as ``default`` there (with a note) whatever the control file says.
+``Scheduler.schedule`` so a value set here always holds for a whole step. The knob table
+makes it act on role ``p`` only: on D and the baseline the lookahead is what the drafter needs
+to decode, so the component applies ``default`` there (with a note).
 
 Caution: with lookahead 0 on P, only prefill-only requests (``max_tokens=1``, the PD
 proxy's) are safe there; decoding on P would let the drafter write past the allocation.
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _patch, control
+from . import _patch
+from .component import Component
 
 TARGETS = (
     ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", ["self", "throttle_prefills"]),
@@ -26,7 +27,7 @@ TARGETS = (
 )
 
 
-def install() -> None:
+def install(comp: Component) -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     def make_schedule(orig):
@@ -41,20 +42,13 @@ def install() -> None:
     _patch.patch(Scheduler, "schedule", make_schedule)
 
 
-def apply(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[str, Any]]:
+def apply(comp: Component, knobs: dict, seed: int) -> tuple[str, dict[str, Any]]:
     sched = comp.obj
     if not hasattr(sched, "_wb_lookahead_original"):
         sched._wb_lookahead_original = sched.num_lookahead_tokens
     original = sched._wb_lookahead_original
-    requested = knobs["prefill_lookahead"]
+    value = knobs["prefill_lookahead"]
     events: dict[str, Any] = {"original": original}
-    if comp.role != "p":
-        value = "default"
-        if requested != "default":
-            events["note"] = (f"prefill_lookahead={requested} acts on P only; role "
-                              f"{comp.role!r} keeps its lookahead {original}")
-    else:
-        value = requested
     want = original if value == "default" else 0
     sched._wb_lookahead = want
     sched.num_lookahead_tokens = want
@@ -64,4 +58,4 @@ def apply(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[s
     if original == 0:
         events["note"] = "this scheduler's lookahead is 0 already (no speculative decoding?)"
         in_force = value
-    return {"prefill_lookahead": in_force}, events
+    return in_force, events

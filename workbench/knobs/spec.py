@@ -1,91 +1,25 @@
-"""The knob vocabulary: names, allowed values, defaults, and which need a restart.
+"""The knob table: the one place a knob is described.
 
-Pure Python on purpose: the CLI, the config validation, the widgets and the plugin inside
-vLLM's processes all read this one table, so a name or value is spelled in one place.
+Each entry names its values and default, the roles it acts on, whether it needs a restart, and
+for each vLLM component it lives in (``engine_core``: the scheduler's process; ``worker``: the
+model runner's) the hooks that install and apply it. Everything else is derived from this
+table: the CLI's ``--knob`` help, the config validation, the widget panel, the components the
+plugin starts, which component reports a knob, the server environment of restart-time knobs.
+Adding a knob is one entry here plus one mechanism module.
+
+Pure Python on purpose: the CLI, the widgets and the plugin inside vLLM's processes all read
+it, and hooks are named as ``"module:function"`` strings (resolved in the server) so this
+module imports no mechanism and no vLLM.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-
-@dataclass(frozen=True)
-class KnobSpec:
-    name: str
-    values: tuple[str, ...]
-    default: str
-    restart: bool  # True: takes effect only when the servers are (re)started
-    where: str  # the vLLM process / source the mechanism lives in
-    why_restart: str = ""
-    acts_on: str = "p,d"  # roles whose servers apply it ("client": the request itself)
-
-
-KNOBS: dict[str, KnobSpec] = {
-    k.name: k
-    for k in (
-        KnobSpec(
-            "finalize",
-            ("deferred", "eager"),
-            "deferred",
-            restart=False,
-            where="worker: KVConnectorModelRunnerMixin.maybe_get_kv_connector_output / "
-            "finalize_kv_connector (V1); ActiveKVConnector.post_forward / finalize_step (MRV2)",
-        ),
-        KnobSpec(
-            "prefill_lookahead",
-            ("default", "0"),
-            "default",
-            restart=False,
-            where="engine core (P): Scheduler.num_lookahead_tokens",
-            acts_on="p",
-        ),
-        KnobSpec(
-            "block_handoff",
-            ("clipped", "legacy"),
-            "clipped",
-            restart=False,
-            where="engine core (P): KVCacheManager.get_block_ids_for_computed_tokens",
-            acts_on="p",
-        ),
-        KnobSpec(
-            "blocks",
-            ("as-is", "zeroed", "dirty", "poisoned"),
-            "as-is",
-            restart=False,
-            where="worker: KV cache tensors (zeroed: new blocks zeroed before the forward; "
-            "dirty/poisoned: free KV filled with stale values before the run)",
-        ),
-        KnobSpec(
-            "dirty_source",
-            ("noise", "warmup"),
-            "noise",
-            restart=False,
-            where="worker: noise: seeded noise written into the KV cache before the run. "
-            "warmup (blocks=dirty only): nothing is written; blocks keep what the runner's "
-            "start-up warm-up (Model Runner V2 without --enforce-eager) and earlier requests "
-            "left, measured and recorded. The V1 runner (the CPU) runs no KV-writing warm-up "
-            "and vLLM's BlockPool hands out never-used blocks first, so there first-use "
-            "blocks hold zeros",
-        ),
-        KnobSpec(
-            "transfer",
-            ("direct", "host-staged"),
-            "direct",
-            restart=True,
-            where="worker + engine core: NixlConnector use_host_buffer",
-            why_restart="the host staging buffer is allocated and registered with NIXL "
-            "when the connector is built",
-        ),
-        KnobSpec(
-            "double_bos",
-            ("off", "on"),
-            "off",
-            restart=False,
-            where="client: the prompt token ids sent to every server",
-            acts_on="client",
-        ),
-    )
-}
+ROLES = ("p", "d", "baseline")
+COMPONENTS = ("engine_core", "worker")
 
 # Environment variables the workbench sets on every server it starts; the plugin reads them.
 ENV_CONTROL_FILE = "WORKBENCH_KNOBS_FILE"  # JSON written by the workbench, polled by the plugin
@@ -94,9 +28,136 @@ ENV_ROLE = "WORKBENCH_ROLE"  # "p", "d" or "baseline"
 ENV_TRANSFER = "WORKBENCH_TRANSFER"  # restart-time knob, fixed for the server's life
 ENV_NIXL_PROGRESS_DELAY_US = "WORKBENCH_NIXL_PROGRESS_DELAY_US"  # see nixl_progress.py
 
+HookRef = str | Callable[..., Any]  # "module:function" (a module of this package or any), or a callable
+
+
+@dataclass(frozen=True)
+class Hook:
+    """A knob's hooks in one component.
+
+    ``apply(comp, knobs, seed) -> (value in force, events)`` runs whenever a control version
+    arrives (the engine is idle then); ``install(comp)`` runs once when the component starts
+    (class-level patches that need the component's object, e.g. the model runner's class)."""
+
+    apply: HookRef
+    install: HookRef | None = None
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    name: str
+    values: tuple[str, ...]
+    default: str
+    where: str  # the vLLM process / source the mechanism lives in
+    # component -> hooks; the first component listed is the one whose read-back a role reports.
+    # Empty: a client-side knob (it changes the request, not the server).
+    hooks: dict[str, Hook] = field(default_factory=dict)
+    roles: tuple[str, ...] = ROLES  # servers that act on it; the others keep the default
+    restart: bool = False  # True: takes effect only when the servers are (re)started
+    why_restart: str = ""
+    env: str | None = None  # restart-time knobs: the variable that carries the value to a server
+    register: HookRef | None = None  # run when the plugin registers, before vLLM builds anything
+
+    @property
+    def client_side(self) -> bool:
+        return not self.hooks
+
+    @property
+    def read_back_role(self) -> str:
+        """The role whose servers report this knob in a results table: P for P-only knobs (D
+        always reports its own untouched value), D otherwise."""
+        return "p" if self.roles == ("p",) else "d"
+
+
+def _hook(module: str, apply: str = "apply", install: str | None = None) -> Hook:
+    base = f"workbench.knobs.{module}:"
+    return Hook(base + apply, base + install if install else None)
+
+
+KNOBS: dict[str, KnobSpec] = {
+    k.name: k
+    for k in (
+        KnobSpec(
+            "finalize", ("deferred", "eager"), "deferred",
+            where="worker: KVConnectorModelRunnerMixin.maybe_get_kv_connector_output / "
+            "finalize_kv_connector (V1); ActiveKVConnector.pre_forward / finish_forward / "
+            "post_forward (Model Runner V2, vLLM 0.32.0)",
+            hooks={"worker": _hook("finalize", install="install")},
+        ),
+        KnobSpec(
+            "prefill_lookahead", ("default", "0"), "default",
+            where="engine core (P): Scheduler.num_lookahead_tokens",
+            hooks={"engine_core": _hook("lookahead", install="install")}, roles=("p",),
+        ),
+        KnobSpec(
+            "block_handoff", ("clipped", "legacy"), "clipped",
+            where="engine core (P): KVCacheManager.get_block_ids_for_computed_tokens",
+            hooks={"engine_core": _hook("handoff", install="install")}, roles=("p",),
+        ),
+        KnobSpec(
+            "blocks", ("as-is", "zeroed", "dirty", "poisoned"), "as-is",
+            where="worker: KV cache tensors (zeroed: new blocks zeroed before the forward; "
+            "dirty/poisoned: free KV filled with stale values before the run)",
+            hooks={"worker": _hook("blocks", "apply_worker", "install_worker"),
+                   "engine_core": _hook("blocks", "apply_engine", "install_engine")},
+        ),
+        KnobSpec(
+            "dirty_source", ("noise", "warmup"), "noise",
+            where="worker: noise: seeded noise written into the KV cache before the run. "
+            "warmup (blocks=dirty only): nothing is written; blocks keep what the runner's "
+            "start-up warm-up (Model Runner V2 without --enforce-eager) and earlier requests "
+            "left, measured and recorded. The V1 runner (the CPU) runs no KV-writing warm-up "
+            "and vLLM's BlockPool hands out never-used blocks first, so there first-use "
+            "blocks hold zeros",
+            hooks={"worker": _hook("blocks", "apply_dirty_source")},
+        ),
+        KnobSpec(
+            "transfer", ("direct", "host-staged"), "direct",
+            where="worker + engine core: NixlConnector use_host_buffer",
+            hooks={"worker": _hook("transfer", "apply_worker"),
+                   "engine_core": _hook("transfer", "apply_engine")},
+            restart=True, env=ENV_TRANSFER, register="workbench.knobs.transfer:install",
+            why_restart="the host staging buffer is allocated and registered with NIXL "
+            "when the connector is built",
+        ),
+        KnobSpec(
+            "double_bos", ("off", "on"), "off",
+            where="client: the prompt token ids sent to every server",
+        ),
+    )
+}
+
 
 def defaults() -> dict[str, str]:
     return {name: k.default for name, k in KNOBS.items()}
+
+
+def owned(component: str) -> tuple[str, ...]:
+    """The knobs a component applies and reports, in table order."""
+    return tuple(n for n, k in KNOBS.items() if component in k.hooks)
+
+
+def client_side() -> tuple[str, ...]:
+    return tuple(n for n, k in KNOBS.items() if k.client_side)
+
+
+def restart_knobs() -> tuple[str, ...]:
+    return tuple(n for n, k in KNOBS.items() if k.restart)
+
+
+def restart_env(knobs: dict[str, str]) -> dict[str, str]:
+    """The environment that carries restart-time knob values to a server."""
+    return {k.env: knobs[n] for n, k in KNOBS.items() if k.restart and k.env}
+
+
+def changed(knobs: dict[str, str]) -> dict[str, str]:
+    """The knobs whose value differs from the default (vLLM untouched)."""
+    return {n: v for n, v in knobs.items() if n in KNOBS and v != KNOBS[n].default}
+
+
+def help_text() -> str:
+    """One line for ``--knob``: every knob with its values."""
+    return "; ".join(f"{k.name}: {'|'.join(k.values)}" for k in KNOBS.values())
 
 
 def check_value(name: str, value: str) -> str:
@@ -120,8 +181,9 @@ def validate(values: dict[str, str]) -> dict[str, str]:
         out[name] = check_value(name, value)
     if out["dirty_source"] == "warmup" and out["blocks"] != "dirty":
         raise ValueError(
-            f"knob dirty_source='warmup' needs blocks='dirty', not {out['blocks']!r}: it names where "
-            "dirty blocks come from (poisoned is noise of its own scale; as-is and zeroed write nothing)"
+            f"knob dirty_source='warmup' needs blocks='dirty', not {out['blocks']!r}: it names "
+            "where dirty blocks come from (poisoned is noise of its own scale; as-is and zeroed "
+            "write nothing)"
         )
     return out
 
@@ -134,5 +196,10 @@ def parse_assignment(text: str) -> tuple[str, str]:
     return name, check_value(name, value)
 
 
-def restart_knobs() -> tuple[str, ...]:
-    return tuple(n for n, k in KNOBS.items() if k.restart)
+def parse_assignments(texts: list[str], base: dict[str, str] | None = None) -> dict[str, str]:
+    """Repeated ``--knob NAME=VALUE`` over ``base`` (later wins); combinations not checked."""
+    knobs = dict(base or {})
+    for text in texts:
+        name, value = parse_assignment(text)
+        knobs[name] = value
+    return knobs

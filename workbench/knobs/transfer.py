@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import _patch, control, spec
+from . import _patch, spec
+from .component import Component, running
 
 NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 TARGETS = (
@@ -42,7 +43,8 @@ def requested() -> str:
 
 
 def install() -> None:
-    """Install host staging if the environment asks for it and the device is the CPU."""
+    """Install host staging if the environment asks for it and the device is the CPU
+    (``register`` hook: it must run before vLLM builds the connector)."""
     if requested() != "host-staged":
         return
     from vllm.platforms import current_platform
@@ -56,65 +58,64 @@ def install() -> None:
         NixlBaseConnectorWorker,
     )
 
-    def make_init(orig):
-        def __init__(self, *args, **kwargs):
-            orig(self, *args, **kwargs)
-            self.use_host_buffer = True
-
-        return __init__
-
-    def make_ops(orig):
-        def set_host_xfer_buffer_ops(self, copy_operation):
-            orig(self, copy_operation)
-            if self.use_host_buffer and self.copy_blocks is None:
-                self.copy_blocks = copy_operation
-
-        return set_host_xfer_buffer_ops
-
-    def make_save(orig):
-        def save_kv_to_host(self, metadata):
-            n = len(getattr(metadata, "reqs_to_save", {}) or {})
-            if n:
-                c = control.component("worker")
-                if c is not None:
-                    c.bump("transfer", "d2h_requests_staged", n)
-            return orig(self, metadata)
-
-        return save_kv_to_host
-
-    def make_sync(orig):
-        def sync_recved_kv_to_device(self, req_id, meta):
-            out = orig(self, req_id, meta)
-            c = control.component("worker")
-            if c is not None:
-                c.bump("transfer", "h2d_requests_synced")
-                try:
-                    _record_received(c, self, meta)
-                except Exception as e:  # noqa: BLE001 - diagnostics only
-                    c.note("transfer", "received_rms_error", f"{type(e).__name__}: {e}")
-            return out
-
-        return sync_recved_kv_to_device
-
-    _patch.patch(NixlBaseConnectorScheduler, "__init__", make_init)
-    _patch.patch(NixlBaseConnectorWorker, "__init__", make_init)
-    _patch.patch(NixlBaseConnectorWorker, "set_host_xfer_buffer_ops", make_ops)
-    _patch.patch(NixlBaseConnectorWorker, "save_kv_to_host", make_save)
-    _patch.patch(NixlBaseConnectorWorker, "sync_recved_kv_to_device", make_sync)
-
-    platform_cls = type(current_platform)
-
-    def insert_blocks_to_device(cls, src_cache, dst_cache, src_block_indices, dst_block_indices):
-        dst_cache[dst_block_indices] = src_cache[src_block_indices].to(dst_cache.device)
-
-    def swap_out_blocks_to_host(cls, src_cache, dst_cache, src_block_indices, dst_block_indices):
-        dst_cache[dst_block_indices] = src_cache[src_block_indices].to(dst_cache.device)
-
-    _patch.add_classmethod(platform_cls, "insert_blocks_to_device", insert_blocks_to_device)
-    _patch.add_classmethod(platform_cls, "swap_out_blocks_to_host", swap_out_blocks_to_host)
+    _patch.patch(NixlBaseConnectorScheduler, "__init__", _with_host_buffer)
+    _patch.patch(NixlBaseConnectorWorker, "__init__", _with_host_buffer)
+    _patch.patch(NixlBaseConnectorWorker, "set_host_xfer_buffer_ops", _keeping_copy_op)
+    _patch.patch(NixlBaseConnectorWorker, "save_kv_to_host", _counting_saves)
+    _patch.patch(NixlBaseConnectorWorker, "sync_recved_kv_to_device", _recording_syncs)
+    # What the CUDA platform does for kv_buffer_device=cpu, which copy_kv_blocks calls.
+    for name in ("insert_blocks_to_device", "swap_out_blocks_to_host"):
+        _patch.add_classmethod(type(current_platform), name, _copy_blocks)
 
 
-def _record_received(comp: control.Component, worker, meta) -> None:
+def _copy_blocks(cls, src_cache, dst_cache, src_block_indices, dst_block_indices) -> None:
+    dst_cache[dst_block_indices] = src_cache[src_block_indices].to(dst_cache.device)
+
+
+def _with_host_buffer(orig):
+    def __init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        self.use_host_buffer = True
+
+    return __init__
+
+
+def _keeping_copy_op(orig):
+    def set_host_xfer_buffer_ops(self, copy_operation):
+        orig(self, copy_operation)
+        if self.use_host_buffer and self.copy_blocks is None:
+            self.copy_blocks = copy_operation
+
+    return set_host_xfer_buffer_ops
+
+
+def _counting_saves(orig):
+    def save_kv_to_host(self, metadata):
+        n = len(getattr(metadata, "reqs_to_save", {}) or {})
+        c = running("worker")
+        if n and c is not None:
+            c.bump("transfer", "d2h_requests_staged", n)
+        return orig(self, metadata)
+
+    return save_kv_to_host
+
+
+def _recording_syncs(orig):
+    def sync_recved_kv_to_device(self, req_id, meta):
+        out = orig(self, req_id, meta)
+        c = running("worker")
+        if c is not None:
+            c.bump("transfer", "h2d_requests_synced")
+            try:
+                _record_received(c, self, meta)
+            except Exception as e:  # noqa: BLE001 - diagnostics only
+                c.note("transfer", "received_rms_error", f"{type(e).__name__}: {e}")
+        return out
+
+    return sync_recved_kv_to_device
+
+
+def _record_received(comp: Component, worker, meta) -> None:
     """RMS of the KV just copied in from the staging buffer, target vs drafter layers.
 
     Real K/V of the small models is O(0.3); blocks P staged before its drafter wrote them
@@ -160,28 +161,30 @@ def _read_back(obj) -> tuple[str, dict[str, Any]]:
     return ("host-staged" if use else "direct"), ev
 
 
-def apply_engine(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[str, Any]]:
+def apply_engine(comp: Component, knobs: dict, seed: int) -> tuple[str, dict[str, Any]]:
     conn = getattr(comp.obj, "connector", None)
     cs = getattr(conn, "connector_scheduler", None) if conn is not None else None
     value, ev = _read_back(cs)
     if cs is None and conn is not None:
         ev["note"] = f"KV connector {type(conn).__name__} has no NIXL scheduler side"
-    return {"transfer": value}, ev
+    return value, ev
 
 
-def apply_worker(comp: control.Component, knobs: dict, seed: int) -> tuple[dict, dict[str, Any]]:
-    w = None
+def connector_worker() -> tuple[bool, Any]:
+    """(whether this worker has a KV connector, its NIXL worker side or None)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return False, None
+    return True, getattr(get_kv_transfer_group(), "connector_worker", None)
+
+
+def apply_worker(comp: Component, knobs: dict, seed: int) -> tuple[str, dict[str, Any]]:
     try:
-        from vllm.distributed.kv_transfer import (
-            get_kv_transfer_group,
-            has_kv_transfer_group,
-        )
-
-        if has_kv_transfer_group():
-            w = getattr(get_kv_transfer_group(), "connector_worker", None)
-    except Exception:  # noqa: BLE001
+        w = connector_worker()[1]
+    except Exception:  # noqa: BLE001 - read-back only: no connector is reported as direct
         w = None
     value, ev = _read_back(w)
     ev.setdefault("d2h_requests_staged", 0)
     ev.setdefault("h2d_requests_synced", 0)
-    return {"transfer": value}, ev
+    return value, ev

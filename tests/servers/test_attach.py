@@ -15,7 +15,7 @@ import pytest
 
 from conftest import alive
 from workbench import servers
-from workbench.knobs import control
+from workbench.knobs import channel
 from workbench.config import ConfigError, ExperimentConfig
 from workbench.experiment import Session
 
@@ -77,7 +77,7 @@ def test_knobs_travel_over_http_when_no_file_is_shared(remote, tiny_pair):
         assert back.knobs["d"]["finalize"] == "deferred"
         assert back.knobs["p"]["block_handoff"] == "clipped"
     # The same servers' state files (shared here) agree with what came over HTTP.
-    states = [st for st in control.read_states(remote["state_dir"]) if st["role"] == "p"]
+    states = [st for st in channel.read_states(remote["state_dir"]) if st["role"] == "p"]
     assert states and all(st["knobs"].get("block_handoff", "clipped") == "clipped"
                           for st in states)
 

@@ -68,7 +68,7 @@ def test_clipped_handoff_or_no_prefill_lookahead_restores_every_request(pd_sessi
 
 def test_stale_blocks_hurt_more_than_zeroed_when_d_loads_only_the_last_block(pd_session,
                                                                               base_cfg):
-    """Notes, section 11: D holds all but the prompt's last block and loads P's never-written
+    """D holds all but the prompt's last block and loads P's never-written
     lookahead block in its place. Stale KV there (noise at std 100, ``poisoned``: the scale of
     the notes' hand measurement) must hurt more than zeros. ``dirty`` (std 1) sits between the
     two (reference sweep: D's position-0 acceptance 0.485 zeroed, 0.400 dirty, 0.001

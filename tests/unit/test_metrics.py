@@ -6,7 +6,7 @@ import pytest
 
 from workbench import metrics
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _delta():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import httpx
 import pytest
 
 from workbench import metrics
@@ -40,12 +41,19 @@ def test_pd_matches_baseline_token_for_token_and_per_position(pd_session, base_c
         assert f'"{key}"' in saved
 
 
+def d_counters(session) -> metrics.SpecCounters:
+    """D's counters now (the workbench scrapes asynchronously; a test needs one read)."""
+    r = httpx.get(f"{session.servers['d'].url}/metrics", timeout=10)
+    r.raise_for_status()
+    return metrics.parse(r.text)
+
+
 def test_consecutive_runs_report_only_their_own_drafts(pd_session, base_cfg):
     cfg = replace(base_cfg, num_prompts=4)
     a = pd_session.run(cfg)
-    d_before = metrics.scrape(pd_session.servers["d"].url)
+    d_before = d_counters(pd_session)
     b = pd_session.run(cfg)
-    d_after = metrics.scrape(pd_session.servers["d"].url)
+    d_after = d_counters(pd_session)
     # Same prompts, greedy, prefix caches reset: the second run sees exactly what the first saw,
     # not the first run's drafts plus its own.
     assert a.pd["num_drafts"] == b.pd["num_drafts"] > 0

@@ -89,9 +89,9 @@ def test_config_round_trips_through_json(tiny_pair, tmp_path):
 
 def test_servers_bind_loopback_by_default(tiny_pair, tmp_path):
     cfg = ExperimentConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]))
-    from workbench.experiment import Session
+    from workbench.plan import server_specs
 
-    for spec in Session(tmp_path).specs(cfg):
+    for spec in server_specs(cfg, tmp_path):
         cmd = spec.command()
         assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
         assert spec.env().get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1") == "127.0.0.1"
@@ -116,3 +116,15 @@ def test_session_paths_are_absolute(tmp_path, monkeypatch):
     assert s.baseline_cache == tmp_path / "rel" / "cache"
     a = Session.attach({"d": "http://127.0.0.1:9"}, knobs_file="k.json", state_dir="st")
     assert a.knobs_file == tmp_path / "k.json" and a.state_dir == tmp_path / "st"
+
+
+def test_cpu_profile_servers_get_the_delay_gpu_profiles_do_not(tmp_path):
+    from workbench.plan import server_specs
+
+    envs = {r.role: r.env() for r in server_specs(ExperimentConfig(require_models=False), tmp_path)}
+    assert envs["p"][knob_spec.ENV_NIXL_PROGRESS_DELAY_US] == "1000"
+    assert envs["d"][knob_spec.ENV_NIXL_PROGRESS_DELAY_US] == "1000"
+    assert knob_spec.ENV_NIXL_PROGRESS_DELAY_US not in envs["baseline"]  # no connector, no NIXL
+    gpu = ExperimentConfig.for_profile("gpu", require_models=False)
+    assert all(knob_spec.ENV_NIXL_PROGRESS_DELAY_US not in r.env()
+               for r in server_specs(gpu, tmp_path))

@@ -1,0 +1,181 @@
+"""The control channel: the workbench side (files, merging, acknowledgement) and the plugin's
+component, run in this process without vLLM (hooks are plain functions given to the table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from workbench.knobs import channel, component, spec
+from workbench.provenance import atomic_write_json
+
+
+def only_table(monkeypatch, **hooks) -> None:
+    """The knob table with no vLLM hooks but those given (knob -> {component: Hook})."""
+    table = {n: replace(k, hooks=hooks.get(n, {}) if k.hooks else {}, register=None)
+             for n, k in spec.KNOBS.items()}
+    monkeypatch.setattr(spec, "KNOBS", table)
+
+
+def test_control_round_trip(tmp_path):
+    path = tmp_path / "knobs.json"
+    doc = channel.write_control(path, 3, {"finalize": "eager"}, seed=11)
+    assert doc == {"version": 3, "knobs": {**spec.defaults(), "finalize": "eager"}, "seed": 11}
+    assert channel.read_control(path) == doc
+    assert json.loads(path.read_text()) == doc
+    assert not list(tmp_path.glob(".*.tmp"))  # the temporary file was replaced, not left
+
+
+def test_write_control_rejects_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="allowed values"):
+        channel.write_control(tmp_path / "k.json", 1, {"transfer": "rdma"}, 0)
+    with pytest.raises(ValueError, match="version"):
+        channel.write_control(tmp_path / "k.json", 0, {}, 0)
+    assert channel.read_control(tmp_path / "k.json") is None
+
+
+def _state(tmp_path, role, comp, version, pid=None, **kw):
+    st = {"version": version, "role": role, "component": comp, "pid": pid or os.getpid(),
+          "knobs": kw.pop("knobs", {}), "errors": kw.pop("errors", []), **kw}
+    atomic_write_json(tmp_path / f"{role}-{comp}-{st['pid']}-{time.time_ns()}.json", st)
+
+
+def test_wait_for_version_merges_roles(tmp_path):
+    _state(tmp_path, "p", "engine_core", 2, knobs={"block_handoff": "legacy", "blocks": "zeroed",
+                                                   "prefill_lookahead": "0", "transfer": "direct"})
+    _state(tmp_path, "p", "worker", 2, knobs={"finalize": "eager", "blocks": "zeroed",
+                                              "dirty_source": "noise", "transfer": "direct"})
+    got = channel.wait_for_version(tmp_path, 2, ["p"], timeout=1)
+    assert got["p"]["knobs"] == {"finalize": "eager", "prefill_lookahead": "0",
+                                 "block_handoff": "legacy", "blocks": "zeroed",
+                                 "dirty_source": "noise", "transfer": "direct"}
+    assert got["p"]["version"] == 2 and not got["p"]["disagreements"]
+    assert set(got["p"]["components"]) == {"engine_core", "worker"}
+
+
+def test_wait_for_version_timeout_names_missing(tmp_path):
+    _state(tmp_path, "d", "engine_core", 5)
+    _state(tmp_path, "d", "worker", 4)
+    with pytest.raises(TimeoutError) as e:
+        channel.wait_for_version(tmp_path, 5, ["d", "p"], timeout=0.2, logs={"d": "/x/d.log"})
+    msg = str(e.value)
+    assert "d/worker" in msg and "version 4" in msg
+    assert "p/engine_core" in msg and "p/worker" in msg
+    assert "/x/d.log" in msg and "No state file at all for ['p']" in msg
+
+
+def test_wait_for_version_ignores_dead_processes(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _state(tmp_path, "p", "engine_core", 1, pid=dead.pid)
+    _state(tmp_path, "p", "worker", 1, pid=dead.pid)
+    with pytest.raises(TimeoutError):
+        channel.wait_for_version(tmp_path, 1, ["p"], timeout=0.2)
+    assert len(channel.read_states(tmp_path, include_dead=True)) == 2
+
+
+def test_wait_for_version_reports_apply_errors(tmp_path):
+    _state(tmp_path, "d", "engine_core", 1)
+    _state(tmp_path, "d", "worker", 1, errors=["blocks: RuntimeError: boom"])
+    with pytest.raises(RuntimeError, match="boom"):
+        channel.wait_for_version(tmp_path, 1, ["d"], timeout=1)
+
+
+def test_component_polls_and_acks(tmp_path, monkeypatch):
+    """The plugin side without vLLM: a component with a fake applier picks up a new version."""
+    ctl, sdir = tmp_path / "knobs.json", tmp_path / "state"
+    monkeypatch.setenv(spec.ENV_CONTROL_FILE, str(ctl))
+    monkeypatch.setenv(spec.ENV_STATE_DIR, str(sdir))
+    monkeypatch.setenv(spec.ENV_ROLE, "d")
+    monkeypatch.setattr("workbench.knobs.component.vllm_version", lambda: "0.32.0")
+    seen: list[tuple[str, int]] = []
+
+    def applier(comp, knobs, seed):
+        seen.append((knobs["finalize"], seed))
+        return knobs["finalize"], {"applied": True}
+
+    only_table(monkeypatch, finalize={"worker": spec.Hook(apply=applier)})
+    comp = component.Component("worker", object())
+    comp.start()
+    try:
+        st = channel.read_states(sdir)
+        assert [(s["version"], s["knobs"]["finalize"]) for s in st] == [(0, "deferred")]
+        channel.write_control(ctl, 1, {"finalize": "eager"}, seed=5)
+        got = channel.wait_for_version(sdir, 1, ["d"], timeout=5, components=("worker",))
+        assert got["d"]["knobs"]["finalize"] == "eager"
+        assert seen[-1] == ("eager", 5)
+        comp.bump("finalize", "eager_steps", 3)
+        time.sleep(component.EVENT_FLUSH_S + 4 * channel.POLL_S)
+        (st,) = channel.read_states(sdir)
+        assert st["events"]["finalize"]["eager_steps"] == 3
+    finally:
+        comp._stop.set()
+        comp._thread.join(2)
+
+
+def test_register_does_nothing_without_control_file(monkeypatch):
+    from workbench.knobs import _patch, plugin
+
+    monkeypatch.delenv(spec.ENV_CONTROL_FILE, raising=False)
+    before = list(_patch.PATCHED)
+    plugin.register()
+    assert _patch.PATCHED == before
+
+
+def test_plugin_refuses_unsupported_vllm(monkeypatch, tmp_path):
+    from workbench.knobs import plugin, release
+
+    monkeypatch.setenv(spec.ENV_CONTROL_FILE, str(tmp_path / "k.json"))
+    monkeypatch.setattr(plugin, "_installed", False)
+    monkeypatch.setattr(release, "vllm_version", lambda: "0.31.2")
+    with pytest.raises(RuntimeError) as e:
+        plugin.register()
+    msg = str(e.value)
+    assert "0.31.2" in msg
+    for v in release.SUPPORTED_VLLM:
+        assert v in msg
+
+
+def test_supported_versions():
+    from workbench.knobs import release
+
+    assert release.SUPPORTED_VLLM == ("0.32.0",)
+    assert release.check_version("0.32.0") == "0.32.0"
+    assert release.check_version("0.32.0+cpu") == "0.32.0+cpu"
+    with pytest.raises(RuntimeError, match="0.32.0"):
+        release.check_version("0.33.0")
+
+
+def test_control_thread_is_daemon(tmp_path, monkeypatch):
+    monkeypatch.setenv(spec.ENV_CONTROL_FILE, str(tmp_path / "none.json"))
+    monkeypatch.setenv(spec.ENV_STATE_DIR, str(tmp_path))
+    monkeypatch.setattr("workbench.knobs.component.vllm_version", lambda: "0.32.0")
+    only_table(monkeypatch)
+    comp = component.Component("engine_core", object())
+    comp.start()
+    try:
+        assert comp._thread.daemon and comp._thread in threading.enumerate()
+        (st,) = channel.read_states(tmp_path)
+        assert st["version"] == 0 and st["component"] == "engine_core"
+    finally:
+        comp._stop.set()
+        comp._thread.join(2)
+
+
+def test_nixl_progress_delay_env_is_checked(monkeypatch):
+    from workbench.knobs import nixl_progress
+
+    monkeypatch.setenv(spec.ENV_NIXL_PROGRESS_DELAY_US, "soon")
+    with pytest.raises(ValueError, match="soon"):
+        nixl_progress.requested_delay_us()
+    monkeypatch.setenv(spec.ENV_NIXL_PROGRESS_DELAY_US, "1000")
+    assert nixl_progress.requested_delay_us() == 1000

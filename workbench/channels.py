@@ -1,0 +1,166 @@
+"""How knob values reach the servers' plugin, and how what is in force comes back.
+
+Three channels, one interface, chosen once per ``Session``:
+
+* ``FileChannel``: the control file and state directory that servers on this machine share
+  with the workbench (``WORKBENCH_KNOBS_FILE`` / ``WORKBENCH_KNOBS_STATE_DIR``);
+* ``HttpChannel``: servers elsewhere; the plugin's worker method ``workbench_knobs`` writes the
+  control file on the server's own machine and returns its state files, reached through vLLM's
+  dev-mode ``POST /collective_rpc`` (``knobs/http_channel.py``);
+* ``NoChannel``: servers without the plugin's channel: vLLM untouched, only defaults can run.
+
+In every case a new version is acknowledged by every component of every role before a run
+starts (``knobs.channel.wait_for_version``), and the values reported are read back from the
+servers' processes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError, ExperimentConfig
+from .knobs import channel, http_channel
+from .knobs import spec as knob_spec
+
+ACK_TIMEOUT_S = 180.0
+
+
+class KnobChannel:
+    """The interface; subclasses say how to write a version and read the states back."""
+
+    name = "none"
+    where = ""  # where the states are read, for error messages
+
+    def __init__(self) -> None:
+        self.version = 0
+
+    def prepare(self, cfg: ExperimentConfig) -> None:
+        """Before servers this session owns start (they read the control file at start-up)."""
+
+    def write(self, cfg: ExperimentConfig, servers: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def read_states(self, servers: dict[str, Any]) -> list[dict]:
+        raise NotImplementedError
+
+    def apply(self, cfg: ExperimentConfig, servers: dict[str, Any],
+              timeout: float = ACK_TIMEOUT_S) -> dict[str, Any]:
+        """Write the knob values, wait until every server process acks, return what's in
+        force: ``{role: {knob: value}}`` read back from the servers, the client-side knobs,
+        each process's full state under ``detail``, and the channel's name."""
+        self.write(cfg, servers)
+        logs = {role: str(s.spec.log_path) for role, s in servers.items()}
+        merged = channel.wait_for_version(self.where, self.version, tuple(servers), timeout,
+                                          logs=logs, read=lambda: self.read_states(servers))
+        out: dict[str, Any] = {role: m["knobs"] for role, m in merged.items()}
+        out["client"] = client_knobs(cfg)
+        out["detail"] = merged
+        out["channel"] = self.name
+        return out
+
+    def in_force(self, servers: dict[str, Any]) -> dict[str, Any]:
+        """Every plugin process's state now (events counted during the last run included)."""
+        states = self.read_states(servers)
+        return {role: channel.merge_role([s for s in states if s.get("role") == role])
+                for role in servers}
+
+
+def client_knobs(cfg: ExperimentConfig) -> dict[str, str]:
+    return {n: cfg.knobs[n] for n in knob_spec.client_side()}
+
+
+class FileChannel(KnobChannel):
+    name = "file"
+
+    def __init__(self, knobs_file: str | Path, state_dir: str | Path) -> None:
+        super().__init__()
+        # Absolute: servers, notebook kernels (cwd notebooks/) and this process share them.
+        self.knobs_file = Path(knobs_file).resolve()
+        self.state_dir = Path(state_dir).resolve()
+        self.where = str(self.state_dir)
+
+    @classmethod
+    def in_dir(cls, log_dir: str | Path) -> FileChannel:
+        """The channel of servers a session starts with ``log_dir`` for their logs."""
+        return cls(Path(log_dir) / "knobs.json", Path(log_dir) / "knob-state")
+
+    def prepare(self, cfg: ExperimentConfig) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        for f in self.state_dir.glob("*.json"):
+            f.unlink()
+        self.version += 1
+        channel.write_control(self.knobs_file, self.version, cfg.knobs, cfg.seed)
+
+    def write(self, cfg: ExperimentConfig, servers: dict[str, Any]) -> None:
+        current = channel.read_control(self.knobs_file) or {}
+        self.version = max(self.version, int(current.get("version", 0))) + 1
+        channel.write_control(self.knobs_file, self.version, cfg.knobs, cfg.seed)
+
+    def read_states(self, servers: dict[str, Any]) -> list[dict]:
+        return channel.read_states(self.state_dir)
+
+
+class HttpChannel(KnobChannel):
+    name = "http"
+    where = "(over HTTP: POST /collective_rpc)"
+
+    def write(self, cfg: ExperimentConfig, servers: dict[str, Any]) -> None:
+        """Each server's control file, written by its own worker (one version for all)."""
+        current = [int((reply.get("control") or {}).get("version", 0))
+                   for s in servers.values() for reply in http_channel.call(s.url)]
+        self.version = max([self.version, *current]) + 1
+        request = {"version": self.version, "knobs": knob_spec.validate(dict(cfg.knobs)),
+                   "seed": cfg.seed}
+        for s in servers.values():
+            http_channel.call(s.url, request)
+
+    def read_states(self, servers: dict[str, Any]) -> list[dict]:
+        return [st for role, s in servers.items() for st in http_channel.states(s.url, role)]
+
+
+class NoChannel(KnobChannel):
+    """Attach mode without the plugin's control channel: only vLLM's own behaviour."""
+
+    def __init__(self, problem: str | None = None) -> None:
+        super().__init__()
+        self.problem = problem  # why HTTP was tried and failed, if it was
+
+    def apply(self, cfg: ExperimentConfig, servers: dict[str, Any],
+              timeout: float = ACK_TIMEOUT_S) -> dict[str, Any]:
+        changed = {n: v for n, v in knob_spec.changed(cfg.knobs).items()
+                   if not knob_spec.KNOBS[n].client_side}
+        if changed:
+            why = f" (over HTTP: {self.problem})" if self.problem else ""
+            raise ConfigError(
+                f"knobs {changed} need the workbench plugin's control channel on the attached "
+                "servers (pass knobs_file and state_dir, or run the plugin in servers with "
+                f"VLLM_SERVER_DEV_MODE=1 for the HTTP channel){why}; without it only the "
+                "defaults (vLLM untouched) can run"
+            )
+        unknown = {n: "unknown (no plugin channel)" for n, k in knob_spec.KNOBS.items()
+                   if not k.client_side}
+        out: dict[str, Any] = {role: dict(unknown) for role in servers}
+        out["client"] = client_knobs(cfg)
+        return out
+
+    def in_force(self, servers: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+def for_attach(urls: dict[str, str], knobs_file: str | Path | None,
+               state_dir: str | Path | None, knobs_over_http: bool | None) -> KnobChannel:
+    """The channel to servers someone else started: the shared files when both are given;
+    else HTTP when every server answers it (``knobs_over_http=None`` tries it and records why
+    not, ``True`` requires it, ``False`` never tries)."""
+    if knobs_file and state_dir:
+        return FileChannel(knobs_file, state_dir)
+    if knobs_file or state_dir or knobs_over_http is False:
+        return NoChannel()
+    problems = {r: why for r, url in urls.items() if (why := http_channel.probe(url))}
+    if not problems:
+        return HttpChannel()
+    problem = "; ".join(f"{r}: {why}" for r, why in problems.items())
+    if knobs_over_http:
+        raise ConfigError(f"attach: no knob channel over HTTP: {problem}")
+    return NoChannel(problem)

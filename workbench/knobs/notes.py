@@ -1,0 +1,56 @@
+"""What a knob setting cannot show here, said plainly next to the result.
+
+A flat line with no explanation misleads: when a setting has nothing to act on (for example
+``finalize=eager`` while NIXL reads P's KV memory directly), the result's ``notes`` say so and
+why. Pure Python beside the knob table (``spec.py``), so the rules live next to the knobs.
+"""
+
+from __future__ import annotations
+
+EAGER_DIRECT_CPU = (
+    "finalize=eager with transfer=direct: NIXL on a CPU KV buffer reads P's KV memory directly "
+    "(use_host_buffer=False in nixl/base_worker.py), so finalizing before the drafter ran has "
+    "nothing to copy too early; expect parity. Use transfer=host-staged to see the bug.")
+EAGER_DIRECT_GPU = (
+    "finalize=eager with transfer=direct: with kv_buffer_device=cuda D reads P's device memory "
+    "directly; the early finalize matters with a host buffer (transfer=host-staged).")
+LEGACY_NO_LOOKAHEAD = (
+    "block_handoff=legacy with prefill_lookahead=0: P allocates no lookahead block, so the "
+    "unclipped hand-off equals the clipped one; expect parity.")
+LEGACY_SOME_PROMPTS = (
+    "block_handoff=legacy hits only prompts with ceil((N+L)/bs) > ceil(N/bs); see the "
+    "'affected' column for which requests of this set are in that case.")
+WARMUP = (
+    "dirty_source=warmup: the plugin writes nothing into the KV cache; each worker records what "
+    "its first blocks held (knobs.detail.<role>.components.worker.events.blocks.fill in "
+    "result.json). ")
+WARMUP_CPU = (
+    "On the CPU the V1 model runner runs no KV-writing warm-up, so blocks that no earlier "
+    "request used hold zeros: expect the zeroed result on a fresh server.")
+WARMUP_GPU = (
+    "Model Runner V2 writes warm-up KV into blocks 1 upward at start-up, but not under "
+    "--enforce-eager (in force here: {eager}; set enforce_eager=False, --no-enforce-eager, to "
+    "let it run).")
+
+
+def knob_notes(knobs: dict[str, str], *, device: str, prompt_set: str,
+               enforce_eager: bool) -> list[str]:
+    """Notes for the knob values ``knobs`` on ``device`` ("cpu" or "cuda")."""
+    k = knobs
+    notes = []
+    if k["finalize"] == "eager" and k["transfer"] == "direct":
+        notes.append(EAGER_DIRECT_CPU if device == "cpu" else EAGER_DIRECT_GPU)
+    if k["block_handoff"] == "legacy" and k["prefill_lookahead"] == "0":
+        notes.append(LEGACY_NO_LOOKAHEAD)
+    if k["block_handoff"] == "legacy" and prompt_set not in ("badcase", "lastblock"):
+        notes.append(LEGACY_SOME_PROMPTS)
+    if k["blocks"] != "as-is" and k["block_handoff"] == "clipped" and (
+            k["finalize"] == "deferred" or k["transfer"] == "direct"):
+        notes.append(
+            f"blocks={k['blocks']}: with every fix in place no slot that attention reads is "
+            "left unwritten for the request, so the block contents at allocation cannot "
+            "matter; expect parity.")
+    if k["dirty_source"] == "warmup":
+        notes.append(WARMUP + (WARMUP_CPU if device == "cpu"
+                               else WARMUP_GPU.format(eager=enforce_eager)))
+    return notes

@@ -1,0 +1,48 @@
+"""The servers a config needs: one ``ServerSpec`` per role, from the config and its profile.
+
+Kept apart from ``Session`` so that ``python -m workbench plan`` prints the very command lines
+a run would start, without building anything that owns processes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import profiles
+from .config import ExperimentConfig
+from .knobs import spec as knob_spec
+from .servers import ServerSpec
+
+# role -> (its num_speculative_tokens field, its NixlConnector kv_role; None: no connector)
+ROLE_SHAPE = {"p": ("k_p", "kv_producer"), "d": ("k_d", "kv_consumer"), "baseline": ("k_d", None)}
+
+
+def kv_buffer_device(cfg: ExperimentConfig) -> str:
+    """On a GPU, host staging is vLLM's own ``kv_buffer_device=cpu``; on the CPU the plugin
+    emulates it through the same connector code path (``WORKBENCH_TRANSFER``)."""
+    prof = profiles.get(cfg.profile)
+    if prof.device != "cpu" and cfg.knobs["transfer"] == "host-staged":
+        return "cpu"
+    return prof.kv_buffer_device
+
+
+def server_specs(cfg: ExperimentConfig, log_dir: str | Path, *,
+                 knobs_file: Path | None = None, state_dir: Path | None = None) -> list[ServerSpec]:
+    """One spec per role ``cfg`` runs (checks ports the user asked for before anything starts)."""
+    prof = profiles.get(cfg.profile)
+    common = dict(
+        target=cfg.target, drafter=cfg.drafter, log_dir=Path(log_dir),
+        block_size=cfg.block_size, kv_cache_bytes=cfg.kv_cache_bytes,
+        max_model_len=cfg.max_model_len, host=cfg.host, device=prof.device, dtype=prof.dtype,
+        seed=cfg.seed, enforce_eager=cfg.enforce_eager_in_force(), knobs_file=knobs_file,
+        knobs_state_dir=state_dir, kv_buffer_device=kv_buffer_device(cfg),
+        restart_knobs={n: cfg.knobs[n] for n in knob_spec.restart_knobs()},
+        nixl_progress_delay_us=prof.nixl_progress_delay_us,
+    )
+    return [
+        ServerSpec(role=r, num_speculative_tokens=getattr(cfg, ROLE_SHAPE[r][0]),
+                   kv_role=ROLE_SHAPE[r][1], cpus=prof.cpus.get(r), gpus=prof.gpus.get(r),
+                   gpu_memory_utilization=prof.gpu_memory_utilization.get(r),
+                   port=cfg.ports.get(r), **common)
+        for r in cfg.roles()
+    ]

@@ -1,0 +1,57 @@
+"""Where a result came from, and writing files so that no reader sees half of one.
+
+A leaf module (the standard library and ``paths``): the plugin inside vLLM's processes writes its state
+files with :func:`atomic_write_json` too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .paths import REPO
+
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to a unique temporary file beside ``path``, then rename it over ``path``
+    (``os.replace`` is atomic on POSIX): readers see the old file or the new one, never a part,
+    and two writers never share a temporary name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike, data: Any, *, indent: int = 1,
+                      sort_keys: bool = True) -> Path:
+    text = json.dumps(data, indent=indent, sort_keys=sort_keys, default=str)
+    return atomic_write_text(path, text + "\n")
+
+
+def git_commit() -> str:
+    """The repository's commit, with ``-dirty`` when tracked files have changed."""
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                             timeout=5)
+        return out.stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("-dirty" if dirty else "")
