@@ -9,20 +9,24 @@ STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
 
-.PHONY: setup test figures lock benchmark browser-test train evaluate clean
+.PHONY: setup test lint figures lock benchmark browser-test train evaluate clean
 
 setup: $(STAMP)
 
-$(STAMP): requirements/cpu.txt pyproject.toml
+$(STAMP): requirements/cpu.txt requirements/dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --no-deps $(PIP_EXTRA) -r requirements/cpu.txt
+	$(PY) -m pip install --no-deps $(PIP_EXTRA) -r requirements/cpu.txt -r requirements/dev.txt
 	$(PY) -m pip install --no-deps --no-build-isolation -e .
 	$(PY) -c "import vllm, nixl, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $@
 
-test: setup
+test: setup lint
 	$(PY) -m pytest -v --timeout=600 --durations=20 -m "not browser" $(PYTEST_ARGS) tests
+
+# ruff with the rules in pyproject.toml ([tool.ruff]); part of `make test`.
+lint: setup
+	$(VENV)/bin/ruff check .
 
 figures: setup
 	$(PY) -m workbench sweep --grid default --out $(FIGURES_OUT)
@@ -42,10 +46,11 @@ evaluate: setup
 
 # Regenerate the lock from requirements/cpu.in in a scratch venv.
 lock:
-	rm -rf /tmp/workbench-lock && $(PYTHON) -m venv /tmp/workbench-lock
-	/tmp/workbench-lock/bin/pip install --quiet $(PIP_EXTRA) -r requirements/cpu.in
-	/tmp/workbench-lock/bin/pip uninstall -y torchvision torchaudio torchcodec
-	{ head -3 requirements/cpu.txt; /tmp/workbench-lock/bin/pip freeze --all --exclude-editable | grep -v "^pip=="; } > requirements/cpu.txt.new
+	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/pip" install --quiet $(PIP_EXTRA) -r requirements/cpu.in; \
+	"$$tmp/venv/bin/pip" uninstall -y torchvision torchaudio torchcodec; \
+	{ head -3 requirements/cpu.txt; "$$tmp/venv/bin/pip" freeze --all --exclude-editable | grep -v "^pip=="; } > requirements/cpu.txt.new; \
 	mv requirements/cpu.txt.new requirements/cpu.txt
 
 clean:

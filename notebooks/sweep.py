@@ -20,12 +20,16 @@
 
 # %% tags=["parameters"]
 config = {}  # ExperimentConfig fields; {} means the CPU defaults
-attach = {}  # {"urls": {"p": ..., "d": ..., "baseline": ...}, "knobs_file", "state_dir", "baseline_cache"}
+# attach: {"urls": {"p": ..., "d": ..., "baseline": ...}, "knobs_file", "state_dir",
+# "baseline_cache"}: the sweep driver's running servers
+attach = {}
 out_dir = "../data/runs/notebook-point"
 grid = ""  # a grid name ("default", "smoke") runs the whole grid here instead of one point
 results_store = ""  # a CSV to append this run's row to
 
 # %%
+from IPython.display import display
+
 from workbench import sweep
 from workbench.config import ExperimentConfig
 
@@ -36,11 +40,11 @@ if grid:
 else:
     result = sweep.run_point(config, attach or None, out_dir, results_store or None)
     table = result.to_dataframe()
-table
+display(table)
 
 # %%
 if result is not None:
-    print("knobs in force on D:", result.knobs["d"] if "d" in result.knobs else None)
+    print("knobs in force on D:", result.knobs.get("d"))
     print("token agreement:", result.token_agreement)
     for note in result.notes:
         print("note:", note)

@@ -71,8 +71,12 @@ print("server logs:", session.log_dir)
 # values read back from each server, every request's counters and tokens.
 
 # %%
-fixed = session.run(cfg, out_dir=out / "fixed",
-                    progress=lambda phase, done, total: done == total and print(f"{phase}: {done}/{total}"))
+def report(phase, done, total):
+    if done == total:
+        print(f"{phase}: {done}/{total}")
+
+
+fixed = session.run(cfg, out_dir=out / "fixed", progress=report)
 print(f"{fixed.num_prompts} prompts in {fixed.wall_seconds:.1f} s; token agreement "
       f"{fixed.token_agreement}; knobs in force on D: {fixed.knobs['d']}")
 acceptance_frame([fixed]).round(4)
@@ -94,51 +98,57 @@ knob_table()
 # %% [markdown]
 # **`finalize`** (`deferred` / `eager`): when the KV connector is finalized in a step.
 # Source: `vllm/v1/worker/kv_connector_model_runner_mixin.py`,
-# `KVConnectorModelRunnerMixin.maybe_get_kv_connector_output(scheduler_output, defer_finalize=...)`
-# and `finalize_kv_connector()`; `execute_model` passes `defer_finalize = speculative_config is not None`
-# and `sample_tokens` finalizes after `propose_draft_token_ids` (Model Runner V2:
-# `ActiveKVConnector.post_forward` / `finalize_step` in `vllm/v1/worker/gpu/kv_connector.py`).
-# `eager` restores the old order: the connector is finalized (metadata cleared, `wait_for_save()`)
-# right after the target's forward, *before* the EAGLE3 drafter wrote its KV. It shows only
-# where finalize copies something: NIXL on a CPU KV buffer sets `use_host_buffer = False`
+# `KVConnectorModelRunnerMixin.maybe_get_kv_connector_output(scheduler_output,
+# defer_finalize=...)` and `finalize_kv_connector()`; `execute_model` passes
+# `defer_finalize = speculative_config is not None` and `sample_tokens` finalizes after
+# `propose_draft_token_ids`. Model Runner V2 in vLLM 0.32.0 finalizes once per step in
+# `ActiveKVConnector.post_forward` (`vllm/v1/worker/gpu/kv_connector.py`), after the speculator;
+# the plugin moves that to `finish_forward` for `eager`. `eager` restores the old order: the
+# connector is finalized (metadata cleared, `wait_for_save()`) right after the target's forward,
+# *before* the EAGLE3 drafter wrote its KV. It shows only where finalize copies something: NIXL
+# on a CPU KV buffer sets `use_host_buffer = False`
 # (`vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py`) and D reads P's memory
 # directly, so with `transfer=direct` expect parity; use `transfer=host-staged`.
 # Runtime switch, no restart.
 #
-# **`prefill_lookahead`** (`default` / `0`): P's scheduler lookahead, `Scheduler.num_lookahead_tokens`
-# in `vllm/v1/core/sched/scheduler.py` (set after `Scheduler.__init__`; with EAGLE it defaults to
-# P's `num_speculative_tokens`). With lookahead L > 0, P allocates `ceil((N + L) / block_size)`
-# blocks for an N-token prompt while D allocates `ceil(N / block_size)` (D withholds lookahead while a
-# request loads asynchronously: `limit_lookahead_tokens` in the same file). `0` is the proposed
-# change that gives P nothing extra to hand over. Runtime switch, no restart.
+# **`prefill_lookahead`** (`default` / `0`): P's scheduler lookahead,
+# `Scheduler.num_lookahead_tokens` in `vllm/v1/core/sched/scheduler.py` (set after
+# `Scheduler.__init__`; with EAGLE it defaults to P's `num_speculative_tokens`). With lookahead
+# L > 0, P allocates `ceil((N + L) / block_size)` blocks for an N-token prompt while D allocates
+# `ceil(N / block_size)` (D withholds lookahead while a request loads asynchronously:
+# `limit_lookahead_tokens` in the same file). `0` is the proposed change that gives P nothing
+# extra to hand over. Runtime switch, no restart.
 #
-# **`block_handoff`** (`clipped` / `legacy`): which block ids P reports to D when a request finishes.
-# Source: `KVCacheManager.get_block_ids_for_computed_tokens` (`vllm/v1/core/kv_cache_manager.py`),
-# which clips each group's ids to `cdiv(num_computed_tokens, block_size)` (the fix, vLLM 0.25+).
-# `legacy` returns the unclipped ids: when P holds one block more than D, D's NIXL worker
-# (`_apply_prefix_caching` in `nixl/base_worker.py`) keeps the tail `prefill_blocks[-num_decode_blocks:]`
-# and the whole mapping shifts by a block. Only prompts with `ceil((N+L)/bs) > ceil(N/bs)` are hit
-# (for L = 1: N a multiple of the block size; the `badcase` prompt set alternates in and out).
+# **`block_handoff`** (`clipped` / `legacy`): which block ids P reports to D when a request
+# finishes. Source: `KVCacheManager.get_block_ids_for_computed_tokens`
+# (`vllm/v1/core/kv_cache_manager.py`), which clips each group's ids to
+# `cdiv(num_computed_tokens, block_size)` (the fix, vLLM 0.25+). `legacy` returns the unclipped
+# ids: when P holds one block more than D, D's NIXL worker (`_apply_prefix_caching` in
+# `nixl/base_worker.py`) keeps the tail `prefill_blocks[-num_decode_blocks:]` and the whole
+# mapping shifts by a block. Only prompts with `ceil((N+L)/bs) > ceil(N/bs)` are hit (for L = 1:
+# N a multiple of the block size; the `badcase` prompt set alternates in and out).
 # Runtime switch, no restart.
 #
-# **`blocks`** (`as-is` / `zeroed` / `dirty` / `poisoned`): what KV blocks hold when a request gets
-# them. vLLM allocates the KV cache with `torch.zeros`; zeroing on allocation exists but is gated by
-# `KVCacheConfig.needs_kv_cache_zeroing`, which drives `SchedulerOutput.new_block_ids_to_zero` and the
-# worker's `_zero_block_ids`. `zeroed` forces that path, `dirty`/`poisoned` fill free blocks with stale
-# values before a run. It matters only where attention reads a slot this request never wrote (the
-# legacy hand-off, or eager finalize with host staging): zeros are a mild error, stale KV is not.
-# The `lastblock` prompt set primes D so it loads only the prompt's last block from P.
-# Runtime switch, no restart.
+# **`blocks`** (`as-is` / `zeroed` / `dirty` / `poisoned`): what KV blocks hold when a request
+# gets them. vLLM allocates the KV cache with `torch.zeros`; zeroing on allocation exists but is
+# gated by `KVCacheConfig.needs_kv_cache_zeroing`, which drives
+# `SchedulerOutput.new_block_ids_to_zero` and the worker's `_zero_block_ids`. `zeroed` forces
+# that path, `dirty`/`poisoned` fill free blocks with stale values before a run. It matters only
+# where attention reads a slot this request never wrote (the legacy hand-off, or eager finalize
+# with host staging): zeros are a mild error, stale KV is not. The `lastblock` prompt set primes
+# D so it loads only the prompt's last block from P. Runtime switch, no restart.
 #
-# **`dirty_source`** (`noise` / `warmup`): how `blocks=dirty` gets its stale values: seeded noise
-# written into the KV tensors after `initialize_kv_cache`, or real warm-up requests run through the
-# engine before the measured ones. Runtime switch, no restart.
+# **`dirty_source`** (`noise` / `warmup`): where `blocks=dirty` gets its stale values: seeded
+# noise written into the KV tensors when the knob version arrives, or (`warmup`) nothing written:
+# the blocks keep what Model Runner V2's start-up warm-up (GPU, not under `--enforce-eager`) and
+# earlier requests left, measured and recorded by each worker. On the CPU (V1 runner, no
+# KV-writing warm-up) first-use blocks hold zeros. Runtime switch, no restart.
 #
 # **`transfer`** (`direct` / `host-staged`): NIXL's `use_host_buffer` (`nixl/base_worker.py`,
-# `NixlBaseConnectorScheduler` / `NixlBaseConnectorWorker`). On the CPU, `host-staged` makes P stage
-# its KV through a host buffer as `kv_buffer_device: cpu` does on a GPU, which is where eager finalize
-# shows. **Needs a restart**: the staging buffer is allocated and registered with NIXL when the
-# connector is built (the workbench restarts the servers when it changes).
+# `NixlBaseConnectorScheduler` / `NixlBaseConnectorWorker`). On the CPU, `host-staged` makes P
+# stage its KV through a host buffer as `kv_buffer_device: cpu` does on a GPU, which is where
+# eager finalize shows. **Needs a restart**: the staging buffer is allocated and registered with
+# NIXL when the connector is built (the workbench restarts the servers when it changes).
 #
 # **`double_bos`** (`off` / `on`): a client-side bug: the prompt's token ids start with a second BOS
 # (a doubled BOS lowered acceptance by several percent in vLLM's own test). Runtime, no restart.

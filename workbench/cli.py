@@ -36,7 +36,8 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
                     "graphs compile and Model Runner V2 runs its start-up warm-up")
     ap.add_argument("--host", help="address servers bind to (default 127.0.0.1)")
     for role in ("p", "d", "baseline"):
-        ap.add_argument(f"--port-{role}", type=int, help=f"port of the {role} server (default: a free one)")
+        ap.add_argument(f"--port-{role}", type=int,
+                        help=f"port of the {role} server (default: a free one)")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="repeatable; " + knob_spec.help_text())
 

@@ -13,7 +13,6 @@ from typing import Any
 from . import profiles
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
-
 from .prompts import SOURCES as _PROMPT_SOURCES
 
 ROLES = ("p", "d", "baseline")
@@ -80,7 +79,8 @@ class ExperimentConfig:
         for name in ("k_p", "k_d"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name}={v!r}: the number of draft tokens must be an integer >= 1")
+                raise ConfigError(
+                    f"{name}={v!r}: the number of draft tokens must be an integer >= 1")
         for name in ("num_prompts", "max_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:

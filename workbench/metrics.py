@@ -40,7 +40,7 @@ class SpecCounters:
         scalars = ("num_drafts", "num_draft_tokens", "num_accepted", "prefix_queries",
                    "prefix_hits", "generation_tokens")
         return SpecCounters(
-            accepted_per_pos=[op(x, y) for x, y in zip(a, b)],
+            accepted_per_pos=[op(x, y) for x, y in zip(a, b, strict=True)],
             **{f: op(getattr(self, f), getattr(other, f)) for f in scalars},
         )
 

@@ -70,7 +70,7 @@ def check_expected(side: dict, expected: dict) -> dict:
     tol = expected["rel_tolerance"]
     ref_len, ref_pos = expected["acceptance_length"], expected["per_position"]
     rel_len = (side["acceptance_length"] - ref_len) / ref_len
-    rel_pos = [(m - r) / r for m, r in zip(side["per_position"], ref_pos)]
+    rel_pos = [(m - r) / r for m, r in zip(side["per_position"], ref_pos, strict=False)]
     ok = (abs(rel_len) <= tol and len(side["per_position"]) == len(ref_pos)
           and all(abs(e) <= tol for e in rel_pos))
     return {"pass": ok, "rel_err_acceptance_length": rel_len, "rel_err_per_position": rel_pos}

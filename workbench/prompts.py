@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 from . import paths
 
@@ -62,8 +62,7 @@ def bad_case(n: int, lookahead: int, block_size: int) -> bool:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def mt_bench(n: int, tokenizer, seed: int = 0) -> list[Prompt]:
@@ -126,8 +125,8 @@ def random_ids(n: int, tokenizer, seed: int = 0, block_size: int = 32) -> list[P
     lengths = [2 * block_size, 2 * block_size + 3, 3 * block_size - 1, 3 * block_size]
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     return [
-        Prompt(f"rand{i}", bos + [rng.randrange(2, vocab) for _ in range(lengths[i % 4] - len(bos))],
-               "random")
+        Prompt(f"rand{i}",
+               bos + [rng.randrange(2, vocab) for _ in range(lengths[i % 4] - len(bos))], "random")
         for i in range(n)
     ]
 

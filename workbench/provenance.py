@@ -1,7 +1,7 @@
 """Where a result came from, and writing files so that no reader sees half of one.
 
-A leaf module (the standard library and ``paths``): the plugin inside vLLM's processes writes its state
-files with :func:`atomic_write_json` too.
+A leaf module (the standard library and ``paths``): the plugin inside vLLM's processes writes
+its state files with :func:`atomic_write_json` too.
 """
 
 from __future__ import annotations
@@ -11,29 +11,37 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .paths import REPO
 
 
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to a unique temporary file beside ``path``, then rename it over ``path``
-    (``os.replace`` is atomic on POSIX): readers see the old file or the new one, never a part,
-    and two writers never share a temporary name."""
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A unique temporary path beside ``path`` to write to; renamed over ``path`` when the
+    block ends without an error (``os.replace`` is atomic on POSIX), removed otherwise.
+    Readers see the old file or the new one, never a part, and two writers never share a
+    temporary name."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        yield tmp
+        tmp.replace(path)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            tmp.unlink()
         raise
-    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
 
 
 def atomic_write_json(path: str | os.PathLike, data: Any, *, indent: int = 1,

@@ -9,6 +9,7 @@ SIGKILLed on restart and had no chance to run its own clean-up.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -36,17 +37,13 @@ def terminate_tree(root: psutil.Process, grace: float = GRACE_S) -> None:
     if not procs:
         return
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.terminate()
-        except psutil.NoSuchProcess:
-            pass
     _, alive = psutil.wait_procs(procs, timeout=grace)
     # Children may have spawned more children while shutting down.
     for p in alive + _descendants(root):
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def _descendants(p: psutil.Process) -> list[psutil.Process]:
@@ -84,12 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.5)
 
     if stop["why"] is not None:
-        print(f"[workbench.reaper] stopping server tree: {stop['why']}", file=sys.stderr, flush=True)
+        print(f"[workbench.reaper] stopping server tree: {stop['why']}", file=sys.stderr,
+              flush=True)
     terminate_tree(me)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
     return child.returncode if child.returncode is not None else 1
 
 

@@ -62,7 +62,8 @@ class Result:
             s = getattr(self, side)
             if not s:
                 continue
-            for pos, (rate, cond) in enumerate(zip(s["per_position"], s["conditional"])):
+            pairs = zip(s["per_position"], s["conditional"], strict=True)
+            for pos, (rate, cond) in enumerate(pairs):
                 rows.append({
                     "side": side, "position": pos, "rate": rate, "conditional": cond,
                     "acceptance_length": s["acceptance_length"], "num_drafts": s["num_drafts"],
@@ -134,7 +135,7 @@ def knobs_in_force(knobs: dict[str, Any]) -> dict[str, str]:
 
 def first_diff(a: list[int], b: list[int]) -> int | None:
     """The first index where two token lists differ (None: equal)."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))

@@ -9,6 +9,7 @@ process tree when asked, and also when the workbench's process dies without clea
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -211,19 +212,18 @@ class VllmServer:
             return self
         _install_handlers()
         self.spec.log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.spec.log_path, "ab")
-        log.write(f"# {' '.join(self.spec.command())}\n".encode())
-        log.flush()
         env = dict(os.environ)
         env.update(self.spec.env())
         cmd = [sys.executable, "-m", "workbench.reaper", "--parent", str(os.getpid()), "--"]
         cmd += self.spec.command()
-        self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, start_new_session=True,
-        )
-        log.close()
+        with self.spec.log_path.open("ab") as log:
+            log.write(f"# {' '.join(self.spec.command())}\n".encode())
+            log.flush()
+            self.started_at = time.monotonic()
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )
         with _LOCK:
             _LIVE.add(self)
         return self
@@ -273,23 +273,15 @@ class VllmServer:
         if proc is None:
             return
         if proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
         # Whatever is still in the group (the reaper failed, or a child outlived it).
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
         with _LOCK:
             _LIVE.discard(self)
 

@@ -22,6 +22,7 @@ import pandas as pd
 from . import paths
 from .config import ConfigError, ExperimentConfig
 from .knobs import spec as knob_spec
+from .provenance import atomic_write_json
 from .results import Result
 
 if TYPE_CHECKING:
@@ -54,15 +55,14 @@ GRIDS: dict[str, list[Point]] = {
         Point("legacy, P lookahead 0", "badcase",
               {"block_handoff": "legacy", "prefill_lookahead": "0"},
               "no lookahead block on P, nothing extra to hand over"),
-        Point("legacy, last block, zeroed", "lastblock",
-              {"block_handoff": "legacy", "blocks": "zeroed"},
-              "D loads only the tail: P's never-written block holds zeros"),
-        Point("legacy, last block, dirty", "lastblock",
-              {"block_handoff": "legacy", "blocks": "dirty"},
-              "D loads only the tail: P's never-written block holds stale KV (noise, std 1)"),
-        Point("legacy, last block, poisoned", "lastblock",
-              {"block_handoff": "legacy", "blocks": "poisoned"},
-              "the same with noise at std 100: how much the damage depends on the staleness"),
+        *(Point(f"legacy, last block, {blocks}", "lastblock",
+                {"block_handoff": "legacy", "blocks": blocks}, why)
+          for blocks, why in (
+              ("zeroed", "D loads only the tail: P's never-written block holds zeros"),
+              ("dirty", "D loads only the tail: P's never-written block holds stale KV "
+                        "(noise, std 1)"),
+              ("poisoned", "the same with noise at std 100: how much the damage depends on "
+                           "the staleness"))),
         Point("host-staged, deferred, dirty", "indomain",
               {"transfer": "host-staged", "blocks": "dirty"}, "today's order: parity expected"),
         Point("host-staged, eager, dirty", "indomain",
@@ -136,7 +136,8 @@ def run_sweep(
     out = Path(out).resolve()  # each point's notebook runs with cwd notebooks/
     (out / "points").mkdir(parents=True, exist_ok=True)
     todo = [pt for pt in points if not (resume and is_complete(out / "points" / pt.slug))]
-    timing = {"started": time.time(), "points_run": len(todo), "points_skipped": len(points) - len(todo)}
+    timing = {"started": time.time(), "points_run": len(todo),
+              "points_skipped": len(points) - len(todo)}
     owned = session is None
     if owned:
         session = Session(out / "logs", baseline_cache=out / "baseline-cache")
@@ -163,7 +164,7 @@ def run_sweep(
                 session.run(cfg, out_dir=point_dir)
         timing["startup_seconds"] = session.startup_seconds
     timing["wall_seconds"] = time.time() - timing["started"]
-    (out / "sweep-timing.json").write_text(json.dumps(timing, indent=2))
+    atomic_write_json(out / "sweep-timing.json", timing, indent=2, sort_keys=False)
     return aggregate(out, [pt.slug for pt in points])
 
 

@@ -26,8 +26,8 @@ import pandas as pd
 from . import paths, plots
 from . import prompts as prompt_sets
 from .config import ConfigError, ExperimentConfig
-from .knobs import spec as knob_spec
 from .history import RunHistory
+from .knobs import spec as knob_spec
 from .results import Result, knobs_in_force
 
 # --------------------------------------------------------------------------------------
@@ -202,7 +202,7 @@ class KnobExplorer:
         self.progress = w.IntProgress(value=0, min=0, max=1, description="idle",
                                       style={"description_width": "90px"},
                                       layout=w.Layout(width="420px"))
-        self.status, self.notes, self.log_html = w.HTML(value=""), w.HTML(value=""), w.HTML(value="")
+        self.status, self.notes, self.log_html = (w.HTML(value="") for _ in range(3))
         self.plot = w.Image(format="png", layout=w.Layout(max_width="820px"))
         self.plot.add_class("wb-plot")
         # HTML widgets, not Output captures: they update the same way from a kernel, a
@@ -251,8 +251,9 @@ class KnobExplorer:
             elif name in self.controls:
                 self.controls[name].value = value
             else:
-                raise ConfigError(f"unknown control {name!r}; knobs: {', '.join(self.knob_controls)};"
-                                  f" controls: {', '.join(self.controls)}")
+                raise ConfigError(f"unknown control {name!r}; knobs: "
+                                  f"{', '.join(self.knob_controls)}; controls: "
+                                  f"{', '.join(self.controls)}")
 
     def config(self) -> ExperimentConfig:
         """The ExperimentConfig the controls describe (validated)."""
@@ -315,7 +316,8 @@ class KnobExplorer:
         self.progress.bar_style = "success"
         self.progress.value = self.progress.max
         self.progress.description = "done"
-        self._say(f"run {run_no} done in {time.monotonic() - t0:.1f} s. " + self._in_force(group[-1]))
+        self._say(f"run {run_no} done in {time.monotonic() - t0:.1f} s. "
+                  + self._in_force(group[-1]))
         return group
 
     def _on_run(self, _button=None) -> None:

@@ -199,16 +199,17 @@ def test_v1_eager_finalize_wrappers(unpatch):
     finalize.install_v1()  # idempotent
     seen = []
     orig = M.__dict__["_get_kv_connector_output"]
-    M._get_kv_connector_output = staticmethod(lambda so, defer_finalize=False: seen.append(defer_finalize))
+    M._get_kv_connector_output = staticmethod(
+        lambda so, defer_finalize=False: seen.append(defer_finalize))
     try:
         import vllm.v1.worker.kv_connector_model_runner_mixin as mixin
 
         mp = pytest.MonkeyPatch()
         mp.setattr(mixin, "has_kv_transfer_group", lambda: True)
         finalized = []
-        mp.setattr(mixin, "get_kv_transfer_group",
-                   lambda: type("C", (), {"wait_for_save": lambda s: finalized.append("save"),
-                                          "clear_connector_metadata": lambda s: finalized.append("clear")})())
+        connector = type("C", (), {"wait_for_save": lambda s: finalized.append("save"),
+                                   "clear_connector_metadata": lambda s: finalized.append("clear")})
+        mp.setattr(mixin, "get_kv_transfer_group", lambda: connector())
         finalize._state["eager"] = False
         M.maybe_get_kv_connector_output(object(), defer_finalize=True)
         M.finalize_kv_connector()

@@ -51,8 +51,9 @@ def test_gpu_plan_without_enforce_eager_lets_mrv2_warm_up_no_gpu():
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(
             argv[argv.index("vllm.entrypoints.openai.api_server") + 1:])
         assert not args.enforce_eager
-    bad = subprocess.run([sys.executable, "-m", "workbench", "plan", "--knob", "dirty_source=warmup"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "workbench", "plan", "--knob", "dirty_source=warmup"],
+        capture_output=True, text=True)
     assert bad.returncode != 0 and "needs blocks='dirty'" in bad.stderr
 
 

@@ -10,14 +10,13 @@ import time
 from dataclasses import replace
 
 import psutil
-
 import pytest
-
 from conftest import alive
+
 from workbench import servers
-from workbench.knobs import channel
 from workbench.config import ConfigError, ExperimentConfig
 from workbench.experiment import Session
+from workbench.knobs import channel
 
 pytestmark = pytest.mark.vllm
 

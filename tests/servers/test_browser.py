@@ -9,6 +9,7 @@ Playwright's own browser download is not used. A screenshot goes to $WB_SCREENSH
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -65,7 +66,7 @@ def lab(tmp_path):
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(settings),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces")}
-    log = open(tmp_path / "jupyter-lab.log", "w")  # noqa: SIM115 - closed in finally
+    log = (tmp_path / "jupyter-lab.log").open("w")  # closed in finally
     proc = subprocess.Popen(
         [str(Path(venv_bin) / "jupyter"), "lab", "--no-browser", f"--ServerApp.token={token}",
          f"--port={port}", "--ip=127.0.0.1", f"--ServerApp.root_dir={root}",
@@ -79,7 +80,8 @@ def lab(tmp_path):
         deadline = time.monotonic() + 120
         while True:
             try:
-                if httpx.get(f"{url}/api/status", params={"token": token}, timeout=2).status_code == 200:
+                status = httpx.get(f"{url}/api/status", params={"token": token}, timeout=2)
+                if status.status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -98,10 +100,8 @@ def lab(tmp_path):
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(30)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait(10)
         log.close()
 

@@ -9,10 +9,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
-
 from conftest import alive, tree_pids
+
 from workbench.config import ExperimentConfig
 from workbench.experiment import Session
 from workbench.results import Result
@@ -31,15 +32,14 @@ def test_run_that_raises_half_way_leaves_no_process_and_keeps_what_was_measured(
                            num_prompts=6, max_tokens=8, run_pd=False)
     seen: set[int] = set()
 
-    with pytest.raises(Boom):
-        with Session(tmp_path / "logs") as s:
-            def progress(phase, done, total):
-                for server in s.servers.values():
-                    seen.update(tree_pids(server))
-                if done == 3:
-                    raise Boom("half-way")
+    with pytest.raises(Boom), Session(tmp_path / "logs") as s:
+        def progress(phase, done, total):
+            for server in s.servers.values():
+                seen.update(tree_pids(server))
+            if done == 3:
+                raise Boom("half-way")
 
-            s.run(cfg, progress=progress, out_dir=tmp_path / "out")
+        s.run(cfg, progress=progress, out_dir=tmp_path / "out")
 
     assert len(seen) >= 3  # reaper, API server, engine core (+ worker)
     deadline = time.monotonic() + 30
@@ -67,7 +67,7 @@ def test_servers_die_with_a_sigkilled_owner(tiny_pair, tmp_path):
               flush=True)
         time.sleep(600)
     """)
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))  # conftest.tree_pids
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                              env=env)
     try:

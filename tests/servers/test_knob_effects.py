@@ -47,7 +47,8 @@ def test_legacy_handoff_breaks_exactly_the_bad_case_requests(pd_session, badcase
     assert affected and clean
     # P handed over its lookahead block for exactly the bad-case lengths.
     for q in affected:
-        assert q["p_handed_blocks"] == -(-(q["prompt_len"] + badcase_cfg.k_p) // badcase_cfg.block_size)
+        bs = badcase_cfg.block_size
+        assert q["p_handed_blocks"] == -(-(q["prompt_len"] + badcase_cfg.k_p) // bs)
     for q in clean:
         assert q["agree"], f"request {q['id']} (N={q['prompt_len']}) is not in the bad case"
     hurt = [q for q in affected
@@ -92,9 +93,11 @@ def test_stale_blocks_hurt_more_than_zeroed_when_d_loads_only_the_last_block(pd_
 def test_warmup_dirty_source_writes_nothing_and_says_what_blocks_held(pd_session, base_cfg):
     """On the CPU the V1 runner runs no KV-writing warm-up: the workers must record that they
     wrote nothing, name the runner, and the note must match what they measured."""
-    cfg = knobs(replace(base_cfg, num_prompts=2, max_tokens=8), blocks="dirty", dirty_source="warmup")
+    cfg = knobs(replace(base_cfg, num_prompts=2, max_tokens=8), blocks="dirty",
+                dirty_source="warmup")
     r = pd_session.run(cfg)
-    assert any("dirty_source=warmup" in n and "no KV-writing warm-up" in n for n in r.notes), r.notes
+    assert any("dirty_source=warmup" in n and "no KV-writing warm-up" in n
+               for n in r.notes), r.notes
     for role in ("p", "d"):
         assert r.knobs[role]["dirty_source"] == "warmup"
         workers = r.knobs["detail"][role]["components"]["worker"]
@@ -127,7 +130,7 @@ def staged(pd_session, base_cfg):
 @pytest.mark.restart
 def test_host_staged_transfer_is_in_force(staged):
     for r in staged.values():
-        assert r.knobs["p"]["transfer"] == "host-staged" and r.knobs["d"]["transfer"] == "host-staged"
+        assert r.knobs["p"]["transfer"] == r.knobs["d"]["transfer"] == "host-staged"
 
 
 @pytest.mark.restart
@@ -137,7 +140,7 @@ def test_eager_finalize_with_host_staging_starves_the_drafter_only(staged):
     # Compare without D's one extra all-rejected draft per request (see test_pipeline), so the
     # drop measured is the drafter's, not vLLM's draft accounting on D.
     for pos, (pd_rate, base_rate) in enumerate(zip(r.pd["per_position_without_extra_drafts"],
-                                                   r.baseline["per_position"])):
+                                                   r.baseline["per_position"], strict=True)):
         assert pd_rate < base_rate, (pos, r.pd["per_position"], r.baseline["per_position"])
 
 
@@ -146,7 +149,7 @@ def test_deferred_finalize_with_host_staging_keeps_parity(staged):
     r = staged["deferred-dirty"]
     assert r.token_agreement == 1.0
     for pd_rate, base_rate in zip(r.pd["per_position_without_extra_drafts"],
-                                  r.baseline["per_position"]):
+                                  r.baseline["per_position"], strict=True):
         assert pd_rate == pytest.approx(base_rate, rel=0.02, abs=1e-12)
 
 

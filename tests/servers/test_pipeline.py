@@ -15,7 +15,8 @@ pytestmark = pytest.mark.vllm
 def test_pd_matches_baseline_token_for_token_and_per_position(pd_session, base_cfg, tmp_path):
     r = pd_session.run(base_cfg, out_dir=tmp_path)
     assert r.num_prompts >= 16 and r.complete
-    assert r.token_agreement == 1.0, [(q["id"], q["first_diff"]) for q in r.requests if not q["agree"]]
+    assert r.token_agreement == 1.0, [(q["id"], q["first_diff"]) for q in r.requests
+                                      if not q["agree"]]
     assert r.pd["num_drafts"] > 0 and r.baseline["num_drafts"] > 0
     # Request by request, D accepts exactly what the baseline accepts at every position.
     for q in r.requests:
@@ -28,7 +29,7 @@ def test_pd_matches_baseline_token_for_token_and_per_position(pd_session, base_c
     n, extra = r.pd["num_drafts"], r.pd["extra_drafts_vs_baseline"]
     for pos, (adj, raw, base_rate) in enumerate(zip(r.pd["per_position_without_extra_drafts"],
                                                     r.pd["per_position"],
-                                                    r.baseline["per_position"])):
+                                                    r.baseline["per_position"], strict=True)):
         assert adj == pytest.approx(base_rate, rel=0.02, abs=1e-12), (pos, r.pd, r.baseline)
         assert raw == pytest.approx(base_rate * (n - extra) / n, rel=1e-9, abs=1e-12)
     assert any("more drafts than the baseline" in note for note in r.notes)
@@ -67,7 +68,8 @@ def test_consecutive_runs_report_only_their_own_drafts(pd_session, base_cfg):
     assert b.baseline["prefix_cache_hits"] == 0
 
 
-def test_extra_draft_on_d_is_the_schedulers_spec_decode_padding(pd_session, base_cfg, tmp_path):
+def test_extra_draft_on_d_is_the_schedulers_spec_decode_padding(pd_session, base_cfg, tmp_path,
+                                                                 monkeypatch):
     """D's one extra, all-rejected draft per request comes from vLLM's scheduler padding D's
     first one-token step after the KV load with placeholder drafts (``pad_spec_decode`` in
     ``vllm/v1/core/sched/scheduler.py``, skipped when dynamic speculative decoding is on).
@@ -75,28 +77,29 @@ def test_extra_draft_on_d_is_the_schedulers_spec_decode_padding(pd_session, base
     every batch size, so nothing else changes) must count exactly the baseline's drafts."""
     import json
 
+    from workbench import plan
     from workbench.experiment import Session
 
     cfg = replace(base_cfg, num_prompts=8, max_tokens=32)
     ref = pd_session.run(cfg)
+    plain = plan.server_specs
+
+    def specs(c, *args, **kwargs):
+        out = plain(c, *args, **kwargs)
+        for spec in out:
+            if spec.role == "d":
+                sc = {"method": "eagle3", "model": str(spec.drafter), "num_speculative_tokens": 3,
+                      "num_speculative_tokens_per_batch_size": [[1, 256, 3]]}
+                spec.extra_args = ["--speculative-config", json.dumps(sc)]  # the last one wins
+        return out
+
+    monkeypatch.setattr(plan, "server_specs", specs)
     with Session(tmp_path / "unpadded") as s:
-        plain = s.specs
-
-        def specs(c):
-            out = plain(c)
-            for spec in out:
-                if spec.role == "d":
-                    sc = {"method": "eagle3", "model": str(spec.drafter), "num_speculative_tokens": 3,
-                          "num_speculative_tokens_per_batch_size": [[1, 256, 3]]}
-                    spec.extra_args = ["--speculative-config", json.dumps(sc)]  # the last one wins
-            return out
-
-        s.specs = specs
         r = s.run(replace(cfg, run_baseline=False))
         d_argv = s.servers["d"].spec.command()
     assert "num_speculative_tokens_per_batch_size" in d_argv[-1]
     assert [q["id"] for q in r.requests] == [q["id"] for q in ref.requests]
-    for a, b in zip(ref.requests, r.requests):
+    for a, b in zip(ref.requests, r.requests, strict=True):
         assert a["pd"]["num_drafts"] == a["baseline"]["num_drafts"] + 1, a["id"]
         assert b["pd"]["num_drafts"] == a["baseline"]["num_drafts"], b["id"]
         assert b["pd"]["accepted_per_pos"] == a["baseline"]["accepted_per_pos"], b["id"]

@@ -128,7 +128,7 @@ def test_register_does_nothing_without_control_file(monkeypatch):
     monkeypatch.delenv(spec.ENV_CONTROL_FILE, raising=False)
     before = list(_patch.PATCHED)
     plugin.register()
-    assert _patch.PATCHED == before
+    assert before == _patch.PATCHED
 
 
 def test_plugin_refuses_unsupported_vllm(monkeypatch, tmp_path):

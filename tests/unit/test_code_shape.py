@@ -85,3 +85,10 @@ def test_no_class_or_function_is_too_long(kind, limit):
             for name, tree in modules().items() for node in ast.walk(tree)
             if isinstance(node, kind) and node.end_lineno - node.lineno + 1 > limit]
     assert not long, f"over {limit} lines: {long}"
+
+
+def test_session_is_orchestration_only():
+    """Server specs, knob channels, measurement and aggregation live in their own modules."""
+    (session,) = [n for n in ast.walk(modules()["workbench.experiment"])
+                  if isinstance(n, ast.ClassDef) and n.name == "Session"]
+    assert session.end_lineno - session.lineno + 1 < 200

@@ -24,7 +24,8 @@ def test_conda_environment_pins_match_the_pip_lock():
     for name in top:
         assert name in env, f"{name} is in requirements/cpu.in but not in environment.yml"
     for name, version in env.items():
-        assert lock.get(name) == version, f"{name}: environment.yml {version}, lock {lock.get(name)}"
+        assert lock.get(name) == version, (f"{name}: environment.yml {version}, "
+                                           f"lock {lock.get(name)}")
 
 
 def test_lock_has_the_verified_stack_and_no_broken_extras():

@@ -9,6 +9,7 @@ import pytest
 
 from workbench.knobs import spec
 
+
 def test_validate_fills_defaults():
     assert spec.validate({}) == spec.defaults()
     assert spec.validate({"finalize": "eager"})["finalize"] == "eager"
@@ -115,12 +116,14 @@ def test_a_new_knob_reaches_the_cli_the_config_and_the_widget_panel(demo_knob, c
         cli.main(["run", "--help"])
     assert "demo: off|on" in " ".join(capsys.readouterr().out.split())
     cfg = ExperimentConfig(require_models=False, knobs={"demo": "on"})
-    assert cfg.knobs["demo"] == "on" and ExperimentConfig(require_models=False).knobs["demo"] == "off"
+    assert cfg.knobs["demo"] == "on"
+    assert ExperimentConfig(require_models=False).knobs["demo"] == "off"
     with pytest.raises(ValueError, match="allowed values: off, on"):
         ExperimentConfig(require_models=False, knobs={"demo": "maybe"})
     with Session(tmp_path) as s:
         ex = KnobExplorer(cfg, s, out_dir=tmp_path)
-        assert ex.knob_controls["demo"].value == "on" and DEMO.where in ex.knob_controls["demo"].tooltip
+        dd = ex.knob_controls["demo"]
+        assert dd.value == "on" and DEMO.where in dd.tooltip
         ex.set_values(demo="off")
         assert ex.config().knobs["demo"] == "off"
     assert "demo" in knob_table().index

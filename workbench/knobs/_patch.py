@@ -7,6 +7,7 @@ original, so the wrapper can call it and a test can undo it. ``PATCHED`` lists t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -49,10 +50,8 @@ def patch(cls: type, name: str, make: Callable[[Any], Any], *, allow_missing: bo
         fn, kind = raw, None
     new = make(fn)
     if fn is not None:
-        try:
+        with contextlib.suppress(AttributeError, TypeError):
             functools.update_wrapper(new, fn)
-        except (AttributeError, TypeError):
-            pass
     setattr(new, _MARK, True)
     _ORIGINALS[key] = cls.__dict__.get(name, _MISSING)
     setattr(cls, name, kind(new) if kind is not None else new)
@@ -82,10 +81,8 @@ def unpatch_all() -> None:
     """Undo every patch (tests only)."""
     for (cls, name), raw in list(_ORIGINALS.items()):
         if raw is _MISSING:
-            try:
+            with contextlib.suppress(AttributeError):
                 delattr(cls, name)
-            except AttributeError:
-                pass
         else:
             setattr(cls, name, raw)
     _ORIGINALS.clear()

@@ -124,28 +124,22 @@ def install_worker(comp: Component) -> None:
     runner = comp.obj.model_runner
     cls = next((k for k in type(runner).__mro__ if "_zero_block_ids" in k.__dict__), None)
     if cls is not None:
-        def make(orig):
-            def _zero_block_ids(self, block_ids):
-                _count_zeroed(len(block_ids))
-                return orig(self, block_ids)
+        _patch.patch(cls, "_zero_block_ids", _counting_zeroes)
+        return
+    try:  # Model Runner V2: it calls self.kv_block_zeroer.zero_block_ids
+        from vllm.v1.worker.utils import KVBlockZeroer
 
-            return _zero_block_ids
+        _patch.patch(KVBlockZeroer, "zero_block_ids", _counting_zeroes)
+    except Exception:  # noqa: BLE001 - informational counter only
+        pass
 
-        _patch.patch(cls, "_zero_block_ids", make)
-    else:  # Model Runner V2: it calls self.kv_block_zeroer.zero_block_ids
-        try:
-            from vllm.v1.worker.utils import KVBlockZeroer
 
-            def make_z(orig):
-                def zero_block_ids(self, block_ids):
-                    _count_zeroed(len(block_ids))
-                    return orig(self, block_ids)
+def _counting_zeroes(orig):
+    def zero_block_ids(self, block_ids):
+        _count_zeroed(len(block_ids))
+        return orig(self, block_ids)
 
-                return zero_block_ids
-
-            _patch.patch(KVBlockZeroer, "zero_block_ids", make_z)
-        except Exception:  # noqa: BLE001, S110 - informational counter only
-            pass
+    return zero_block_ids
 
 
 def _count_zeroed(n: int) -> None:
@@ -228,12 +222,12 @@ def warmup_note(runner_kind: str, seen: dict[str, Any]) -> str:
     if not frac:
         why = ("the V1 model runner runs no KV-writing warm-up" if runner_kind == "v1" else
                "Model Runner V2 skipped its warm-up (--enforce-eager) or zeroed it")
-        return (f"blocks 1..{seen.get('diag_blocks')} hold zeros: {why}, and no earlier request used "
-                "them. This run's 'dirty' blocks are zero blocks: expect the zeroed result.")
+        return (f"blocks 1..{seen.get('diag_blocks')} hold zeros: {why}, and no earlier request "
+                "used them. This run's 'dirty' blocks are zero blocks: expect the zeroed result.")
+    source = ("Model Runner V2's start-up warm-up and/or earlier requests" if runner_kind == "v2"
+              else "earlier requests (the V1 runner has no KV-writing warm-up)")
     return (f"{100 * frac:.1f}% of the values in blocks 1..{seen.get('diag_blocks')} are non-zero "
-            f"(rms {seen.get('rms_nonzero'):.3g}), left by "
-            + ("Model Runner V2's start-up warm-up and/or earlier requests" if runner_kind == "v2"
-               else "earlier requests (the V1 runner has no KV-writing warm-up)") + "; nothing was written.")
+            f"(rms {seen.get('rms_nonzero'):.3g}), left by {source}; nothing was written.")
 
 
 def fill_noise(runner, seed: int, std: float) -> dict[str, Any]:

@@ -9,6 +9,7 @@ the knob table (``spec.KNOBS``); the protocol is in ``channel.py``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import json
 import os
@@ -171,10 +172,8 @@ class Component(Events):
             log(f"{self.name}: cannot write state file {self.state_path}: {e}")
 
     def remove_state(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.state_path.unlink()
-        except OSError:
-            pass
 
     # -- applying ----------------------------------------------------------------------
     def install(self) -> None:

@@ -48,7 +48,7 @@ def install(comp: Component) -> None:
             if n_handed != n_clipped:
                 comp.bump("block_handoff", "handoffs_with_extra_blocks")
                 comp.bump("block_handoff", "extra_blocks_handed",
-                          sum(a - b for a, b in zip(n_handed, n_clipped)))
+                          sum(a - b for a, b in zip(n_handed, n_clipped, strict=True)))
             elif [len(g) for g in full] != n_clipped:
                 comp.bump("block_handoff", "clipped_away_extra_blocks")
             comp.append("block_handoff", "recent", {

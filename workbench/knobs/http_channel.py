@@ -18,8 +18,7 @@ import json
 import os
 from typing import Any
 
-from . import channel
-from . import spec
+from . import channel, spec
 
 METHOD = "workbench_knobs"
 

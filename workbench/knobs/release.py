@@ -1,7 +1,8 @@
 """Which vLLM this process runs, whether the plugin was written for it, and which model runner.
 
-A leaf module (the standard library and the knob table only): the workbench records the version in every result,
-and the plugin refuses a release whose source its patches were not checked against.
+A leaf module (the standard library and the knob table only): the workbench records the
+version in every result, and the plugin refuses a release whose source its patches were not
+checked against.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ ENV_ROLE = "WORKBENCH_ROLE"  # "p", "d" or "baseline"
 ENV_TRANSFER = "WORKBENCH_TRANSFER"  # restart-time knob, fixed for the server's life
 ENV_NIXL_PROGRESS_DELAY_US = "WORKBENCH_NIXL_PROGRESS_DELAY_US"  # see nixl_progress.py
 
-HookRef = str | Callable[..., Any]  # "module:function" (a module of this package or any), or a callable
+# A hook: "module:function" (a module of this package or any importable one), or a callable.
+HookRef = str | Callable[..., Any]
 
 
 @dataclass(frozen=True)
