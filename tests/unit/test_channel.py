@@ -114,8 +114,12 @@ def test_component_polls_and_acks(tmp_path, monkeypatch):
         assert got["d"]["knobs"]["finalize"] == "eager"
         assert seen[-1] == ("eager", 5)
         comp.bump("finalize", "eager_steps", 3)
+        deadline = time.monotonic() + 5  # a flush every EVENT_FLUSH_S; slower on a busy box
         time.sleep(component.EVENT_FLUSH_S + 4 * channel.POLL_S)
         (st,) = channel.read_states(sdir)
+        while "eager_steps" not in st["events"]["finalize"] and time.monotonic() < deadline:
+            time.sleep(channel.POLL_S)
+            (st,) = channel.read_states(sdir)
         assert st["events"]["finalize"]["eager_steps"] == 3
     finally:
         comp._stop.set()

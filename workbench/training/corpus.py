@@ -17,6 +17,7 @@ import sys
 import sysconfig
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 EXCLUDE_TOP = ("encodings", "test", "idlelib", "site-packages", "pydoc_data", "lib2to3/tests")
 EXCLUDE_PARTS = {"test", "tests", "__pycache__"}
@@ -34,18 +35,18 @@ VERSION_FILE = ".python_version"  # in a copied stdlib (e.g. carried to a GPU bo
 
 def python_version(root: str | None = None) -> str:
     """The release the stdlib at ``root`` belongs to (not the interpreter's, for a copy)."""
-    if root and os.path.exists(os.path.join(root, VERSION_FILE)):
-        return open(os.path.join(root, VERSION_FILE)).read().strip()
-    return "%d.%d.%d" % sys.version_info[:3]
+    if root and (marker := Path(root, VERSION_FILE)).exists():
+        return marker.read_text().strip()
+    return ".".join(str(n) for n in sys.version_info[:3])
 
 
 def is_tabular(text: str) -> tuple[bool, str]:
     """Heuristic: data tables, code-page maps, repeated boilerplate."""
     b = text.encode("utf-8", "replace")
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return True, "empty"
-    tab = sum(1 for l in lines if _TABLE_LINE.match(l)) / len(lines)
+    tab = sum(1 for line in lines if _TABLE_LINE.match(line)) / len(lines)
     dup = 1 - len(set(lines)) / len(lines)
     ratio = len(zlib.compress(b, 9)) / max(1, len(b))
     if tab > 0.45:
@@ -58,36 +59,44 @@ def is_tabular(text: str) -> tuple[bool, str]:
 
 
 def list_files(root: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
-    """Returns (kept relative paths sorted, [(excluded path, reason)])."""
-    root = root or stdlib_dir()
+    """Returns (kept relative paths sorted, [(excluded path, reason)]).
+
+    ``os.walk`` (sorted, top-down) rather than ``Path.rglob``: the excluded list keeps the
+    order the shipped ``training_info.json`` records (and ``Path.walk`` needs 3.12)."""
+    base = Path(root or stdlib_dir())
     kept, excluded = [], []
-    for dp, dn, fn in os.walk(root):
+    for dp, dn, fn in os.walk(base):
         dn.sort()
-        rel_dir = os.path.relpath(dp, root).replace(os.sep, "/")
-        rel_dir = "" if rel_dir == "." else rel_dir
+        rel_dir = Path(dp).relative_to(base).as_posix()
         for f in sorted(fn):
-            if not f.endswith(".py"):
+            rel = f if rel_dir == "." else f"{rel_dir}/{f}"
+            if not f.endswith(".py") or _skipped_dir(rel):
                 continue
-            rel = f"{rel_dir}/{f}" if rel_dir else f
-            if any(rel == t or rel.startswith(t + "/") for t in EXCLUDE_TOP):
-                continue
-            if set(rel.split("/")[:-1]) & EXCLUDE_PARTS:
-                continue
-            if f.startswith("_sysconfigdata"):
-                excluded.append((rel, "generated build data"))
-                continue
-            try:
-                text = open(os.path.join(root, rel), encoding="utf-8").read()
-            except (UnicodeDecodeError, OSError) as e:
-                excluded.append((rel, f"unreadable: {type(e).__name__}"))
-                continue
-            bad, why = is_tabular(text)
-            if bad:
+            why = _exclusion(base / rel, f)
+            if why:
                 excluded.append((rel, why))
-                continue
-            kept.append(rel)
+            else:
+                kept.append(rel)
     kept.sort()
     return kept, excluded
+
+
+def _skipped_dir(rel: str) -> bool:
+    """Under a test or generated-table directory: left out without a mention."""
+    if any(rel == t or rel.startswith(t + "/") for t in EXCLUDE_TOP):
+        return True
+    return bool(set(rel.split("/")[:-1]) & EXCLUDE_PARTS)
+
+
+def _exclusion(path: Path, name: str) -> str:
+    """Why a stdlib file is kept out of the corpus ("" to keep it)."""
+    if name.startswith("_sysconfigdata"):
+        return "generated build data"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as e:
+        return f"unreadable: {type(e).__name__}"
+    return is_tabular(text)[1]
 
 
 def is_heldout(rel: str) -> bool:
@@ -111,7 +120,7 @@ class Corpus:
         return sorted(self.train_files + self.heldout_files)
 
     def read(self, rel: str) -> str:
-        return open(os.path.join(self.root, rel), encoding="utf-8").read()
+        return Path(self.root, rel).read_text(encoding="utf-8")
 
     def info(self) -> dict:
         return {
@@ -176,8 +185,8 @@ def build_prompts(corpus: Corpus, tokenizer, n_prompts: int = 128, min_tokens: i
     return out
 
 
-def write_prompts(prompts: list[dict], path: str):
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
+def write_prompts(prompts: list[dict], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with Path(path).open("w") as f:
         for p in prompts:
             f.write(json.dumps({"id": p["id"], "text": p["text"], "source": p["source"]}) + "\n")

@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 BAR = {
     "acc_len": (1.8, 3.2),
@@ -35,34 +36,45 @@ BAR = {
     "kv_pos0_rel_drop_min": 0.20,
 }
 
-DEFAULT_PROMPTS = os.path.join(os.path.dirname(__file__), "..", "..", "data", "prompts", "indomain.jsonl")
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "data" / "prompts" / "indomain.jsonl"
+BLOCK_SIZE = 32  # CPU attention needs a multiple of 32
+DTYPE = "float32"
+# vLLM's spec-decode counters (vllm/v1/spec_decode/metrics.py) -> our names
+COUNTERS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted",
+}
+PER_POS_COUNTER = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 # --------------------------------------------------------------------------- hook
 
 def _corrupting_forward(self, positions, hidden_states):
     """LlamaAttention.forward (vllm/model_executor/models/llama.py) plus K/V zeroing."""
-    import torch
-
     qkv, _ = self.qkv_proj(hidden_states)
     q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
     q, k = self.rotary_emb(positions, q, k)
     thr = getattr(self, "_wb_zero_kv_below", 0)
     if thr > 0:
-        m = (positions < thr).unsqueeze(-1)
-        if getattr(self, "_wb_mode", "zero") == "noise":
-            # stale/garbage blocks: large deterministic noise instead of zeros
-            g = torch.Generator(device="cpu").manual_seed(1234)
-            nk = (torch.randn(k.shape, generator=g) * 10).to(k.device, k.dtype)
-            nv = (torch.randn(v.shape, generator=g) * 10).to(v.device, v.dtype)
-            k = torch.where(m, nk, k)
-            v = torch.where(m, nv, v)
-        else:
-            k = torch.where(m, torch.zeros_like(k), k)
-            v = torch.where(m, torch.zeros_like(v), v)
+        k, v = _corrupt_kv(positions < thr, k, v, getattr(self, "_wb_mode", "zero"))
     attn_output = self.attn(q, k, v)
     output, _ = self.o_proj(attn_output)
     return output
+
+
+def _corrupt_kv(below, k, v, mode: str):
+    """K/V of the positions flagged in ``below`` zeroed, or (``noise``) overwritten."""
+    import torch
+
+    m = below.unsqueeze(-1)
+    if mode == "noise":
+        # stale/garbage blocks: large deterministic noise instead of zeros
+        g = torch.Generator(device="cpu").manual_seed(1234)
+        nk = (torch.randn(k.shape, generator=g) * 10).to(k.device, k.dtype)
+        nv = (torch.randn(v.shape, generator=g) * 10).to(v.device, v.dtype)
+        return torch.where(m, nk, k), torch.where(m, nv, v)
+    return torch.where(m, torch.zeros_like(k), k), torch.where(m, torch.zeros_like(v), v)
 
 
 def set_drafter_kv_corruption(worker, threshold: int, mode: str = "zero") -> int:
@@ -85,17 +97,19 @@ def set_drafter_kv_corruption(worker, threshold: int, mode: str = "zero") -> int
 
 # --------------------------------------------------------------------------- engine
 
-def make_llm(models_dir: str, k: int = 3, kv_bytes: int = 512 * 2**20, max_model_len: int = 512,
-             block_size: int = 32, dtype: str = "float32", target_dir=None, drafter_dir=None):
+def make_llm(models_dir: str | None, k: int = 3, kv_bytes: int = 512 * 2**20,
+             max_model_len: int = 512, block_size: int = BLOCK_SIZE, dtype: str = DTYPE,
+             target_dir: str | None = None, drafter_dir: str | None = None):
     # one rank; bind its OpenMP threads to every CPU this process may use (unless told otherwise)
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(c) for c in sorted(os.sched_getaffinity(0))))
+    cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpus)
     # collective_rpc ships set_drafter_kv_corruption (a function) to the worker; vLLM's msgpack
     # encoder refuses callables unless pickle fallback is allowed (local offline engine only)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     from vllm import LLM
 
-    target_dir = target_dir or os.path.join(models_dir, "target")
-    drafter_dir = drafter_dir or os.path.join(models_dir, "drafter")
+    target_dir = target_dir or str(Path(models_dir, "target"))
+    drafter_dir = drafter_dir or str(Path(models_dir, "drafter"))
     return LLM(
         model=target_dir,
         tokenizer=target_dir,
@@ -113,29 +127,24 @@ def make_llm(models_dir: str, k: int = 3, kv_bytes: int = 512 * 2**20, max_model
 
 
 def spec_counters(llm) -> dict:
-    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted": 0, "per_pos": []}
+    out = {name: 0 for name in COUNTERS.values()}
+    out["per_pos"] = []
     for m in llm.get_metrics():
-        if m.name == "vllm:spec_decode_num_drafts":
-            out["num_drafts"] += m.value
-        elif m.name == "vllm:spec_decode_num_draft_tokens":
-            out["num_draft_tokens"] += m.value
-        elif m.name == "vllm:spec_decode_num_accepted_tokens":
-            out["num_accepted"] += m.value
-        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+        if m.name in COUNTERS:
+            out[COUNTERS[m.name]] += m.value
+        elif m.name == PER_POS_COUNTER:
             vals = list(m.values)
             if not out["per_pos"]:
                 out["per_pos"] = [0] * len(vals)
-            out["per_pos"] = [a + b for a, b in zip(out["per_pos"], vals)]
+            out["per_pos"] = [a + b for a, b in zip(out["per_pos"], vals, strict=False)]
     return out
 
 
-def _diff(a, b):
-    return {
-        "num_drafts": b["num_drafts"] - a["num_drafts"],
-        "num_draft_tokens": b["num_draft_tokens"] - a["num_draft_tokens"],
-        "num_accepted": b["num_accepted"] - a["num_accepted"],
-        "per_pos_counts": [y - x for x, y in zip(a["per_pos"] or [0] * len(b["per_pos"]), b["per_pos"])],
-    }
+def _diff(a: dict, b: dict) -> dict:
+    d = {name: b[name] - a[name] for name in COUNTERS.values()}
+    before = a["per_pos"] or [0] * len(b["per_pos"])
+    d["per_pos_counts"] = [y - x for x, y in zip(before, b["per_pos"], strict=False)]
+    return d
 
 
 def _with_rates(d: dict) -> dict:
@@ -189,7 +198,7 @@ def run_corrupted(llm, prompts, prompt_lens, max_tokens: int, mode: str):
     groups = collections.defaultdict(list)
     for i, n in enumerate(prompt_lens):
         groups[n].append(i)
-    tot = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted": 0, "per_pos_counts": None}
+    tot = {**{name: 0 for name in COUNTERS.values()}, "per_pos_counts": None}
     toks = [None] * len(prompts)
     for n, idx in sorted(groups.items()):
         llm.collective_rpc(set_drafter_kv_corruption, args=(n, mode))
@@ -197,48 +206,60 @@ def run_corrupted(llm, prompts, prompt_lens, max_tokens: int, mode: str):
             d, t, _ = run_batch(llm, [prompts[i] for i in idx], max_tokens)
         finally:
             llm.collective_rpc(set_drafter_kv_corruption, args=(0,))
-        for k in ("num_drafts", "num_draft_tokens", "num_accepted"):
-            tot[k] += d[k]
-        pc = d["per_pos_counts"]
-        tot["per_pos_counts"] = pc if tot["per_pos_counts"] is None else [a + b for a, b in zip(tot["per_pos_counts"], pc)]
-        for i, tt in zip(idx, t):
+        _add_counts(tot, d)
+        for i, tt in zip(idx, t, strict=True):
             toks[i] = tt
     _with_rates(tot)
-    tot.update(mode=mode, n_groups=len(groups), scope="each prompt's whole drafter KV (positions < its length)")
+    tot.update(mode=mode, n_groups=len(groups),
+               scope="each prompt's whole drafter KV (positions < its length)")
     return tot, toks
+
+
+def _add_counts(tot: dict, d: dict) -> None:
+    for name in COUNTERS.values():
+        tot[name] += d[name]
+    pc, so_far = d["per_pos_counts"], tot["per_pos_counts"]
+    tot["per_pos_counts"] = pc if so_far is None else [
+        a + b for a, b in zip(so_far, pc, strict=False)]
+
+
+def _row(name: str, value: str, bar: str, ok) -> dict:
+    return {"name": name, "value": value, "bar": bar, "ok": bool(ok)}
 
 
 def checks(clean, corrupt=None, corrupt_noise=None):
     pp = clean["per_pos"]
-    rows = []
-
-    def add(name, value, bar, ok):
-        rows.append({"name": name, "value": value, "bar": bar, "ok": bool(ok)})
-
     lo, hi = BAR["acc_len"]
-    add("acceptance length", f"{clean['acceptance_length']:.3f}", f"{lo} .. {hi}",
-        lo <= clean["acceptance_length"] <= hi)
-    add("per-position acceptance", " / ".join(f"{v:.3f}" for v in pp), "strictly decreasing",
-        all(pp[i] > pp[i + 1] for i in range(len(pp) - 1)))
-    add("position 0", f"{pp[0]:.3f}", f">= {BAR['pos0_min']}", pp[0] >= BAR["pos0_min"])
+    acc_len, distinct, share = (clean["acceptance_length"], clean["distinct_median"],
+                                clean["max_token_share"])
+    rows = [
+        _row("acceptance length", f"{acc_len:.3f}", f"{lo} .. {hi}", lo <= acc_len <= hi),
+        _row("per-position acceptance", " / ".join(f"{v:.3f}" for v in pp),
+             "strictly decreasing", all(pp[i] > pp[i + 1] for i in range(len(pp) - 1))),
+        _row("position 0", f"{pp[0]:.3f}", f">= {BAR['pos0_min']}", pp[0] >= BAR["pos0_min"]),
+    ]
     if len(pp) >= 3:
-        add("position 2 / position 0", f"{pp[2] / max(pp[0], 1e-9):.3f}", f"<= {BAR['pos2_over_pos0_max']}",
-            pp[2] <= BAR["pos2_over_pos0_max"] * pp[0])
-    add("median distinct-token fraction", f"{clean['distinct_median']:.3f}",
-        f">= {BAR['distinct_median_min']}", clean["distinct_median"] >= BAR["distinct_median_min"])
-    add("largest single-token share (any request)", f"{clean['max_token_share']:.3f}",
-        f"<= {BAR['max_token_share_max']}", clean["max_token_share"] <= BAR["max_token_share_max"])
-    if corrupt is not None:
-        add("pos-0 relative drop, drafter prompt KV zeroed", f"{corrupt['pos0_rel_drop']:.3f}",
-            f">= {BAR['kv_pos0_rel_drop_min']}", corrupt["pos0_rel_drop"] >= BAR["kv_pos0_rel_drop_min"])
-    if corrupt_noise is not None:
-        add("pos-0 relative drop, drafter prompt KV noise (x10)", f"{corrupt_noise['pos0_rel_drop']:.3f}",
-            f">= {BAR['kv_pos0_rel_drop_min']}", corrupt_noise["pos0_rel_drop"] >= BAR["kv_pos0_rel_drop_min"])
+        rows.append(_row("position 2 / position 0", f"{pp[2] / max(pp[0], 1e-9):.3f}",
+                         f"<= {BAR['pos2_over_pos0_max']}",
+                         pp[2] <= BAR["pos2_over_pos0_max"] * pp[0]))
+    rows += [
+        _row("median distinct-token fraction", f"{distinct:.3f}",
+             f">= {BAR['distinct_median_min']}", distinct >= BAR["distinct_median_min"]),
+        _row("largest single-token share (any request)", f"{share:.3f}",
+             f"<= {BAR['max_token_share_max']}", share <= BAR["max_token_share_max"]),
+    ]
+    drop_min = BAR["kv_pos0_rel_drop_min"]
+    for what, bad in (("zeroed", corrupt), ("noise (x10)", corrupt_noise)):
+        if bad is not None:
+            rows.append(_row(f"pos-0 relative drop, drafter prompt KV {what}",
+                             f"{bad['pos0_rel_drop']:.3f}", f">= {drop_min}",
+                             bad["pos0_rel_drop"] >= drop_min))
     return rows
 
 
 def load_prompts(path, n):
-    ps = [json.loads(l) for l in open(path) if l.strip()]
+    with Path(path).open() as f:
+        ps = [json.loads(line) for line in f if line.strip()]
     return ps[:n]
 
 
@@ -256,53 +277,73 @@ def evaluate(models_dir, prompts_file=None, n_prompts=64, max_tokens=128, k=3, k
     try:
         clean, toks, texts = run_batch(llm, prompts, max_tokens)
         result = {
-            "command": command or f"python -m workbench.training.evaluate --models {models_dir} "
-                                  f"--prompts {n_prompts}" + (" --kv-corruption" if kv_corruption else ""),
+            "command": command or _command(models_dir, n_prompts, kv_corruption),
             "vllm_version": vllm.__version__, "n_prompts": len(prompts),
+            # os.path: Path.relative_to cannot walk up ("../") before Python 3.12
             "prompts_file": os.path.relpath(prompts_file), "max_tokens": max_tokens, "k": k,
-            "block_size": 32, "dtype": "float32", "engine_start_s": start_s, "clean": clean,
+            "block_size": BLOCK_SIZE, "dtype": DTYPE, "engine_start_s": start_s, "clean": clean,
             "samples": [{"id": p["id"], "prompt_tail": p["text"][-200:], "output": t}
-                        for p, t in list(zip(prompts, texts))[:3]],
+                        for p, t in list(zip(prompts, texts, strict=True))[:3]],
         }
         if kv_corruption:
-            for mode in ("zero", "noise"):
-                bad, btoks = run_corrupted(llm, prompts, clean["prompt_lens"], max_tokens, mode)
-                bad["pos0_rel_drop"] = 1 - bad["per_pos"][0] / max(clean["per_pos"][0], 1e-9)
-                bad["same_output"] = sum(a == b for a, b in zip(toks, btoks))
-                result["corrupt" if mode == "zero" else "corrupt_noise"] = bad
+            result.update(_kv_corruption(llm, prompts, clean, toks, max_tokens))
         result["checks"] = checks(clean, result.get("corrupt"), result.get("corrupt_noise"))
         result["all_ok"] = all(r["ok"] for r in result["checks"])
     finally:
         if own:
             del llm
     if write:
-        with open(os.path.join(models_dir, "eval_results.json"), "w") as f:
-            json.dump(result, f, indent=1)
-        if os.path.exists(os.path.join(models_dir, "training_info.json")):
-            from .card import write_card
-
-            write_card(models_dir)
+        _write_results(Path(models_dir), result)
     return result
 
 
+def _command(models_dir, n_prompts: int, kv_corruption: bool) -> str:
+    return (f"python -m workbench.training.evaluate --models {models_dir} --prompts {n_prompts}"
+            + (" --kv-corruption" if kv_corruption else ""))
+
+
+def _kv_corruption(llm, prompts, clean: dict, toks, max_tokens: int) -> dict:
+    """The prompts again with the drafter's prompt K/V zeroed, then overwritten by noise."""
+    out = {}
+    for mode, key in (("zero", "corrupt"), ("noise", "corrupt_noise")):
+        bad, btoks = run_corrupted(llm, prompts, clean["prompt_lens"], max_tokens, mode)
+        bad["pos0_rel_drop"] = 1 - bad["per_pos"][0] / max(clean["per_pos"][0], 1e-9)
+        bad["same_output"] = sum(a == b for a, b in zip(toks, btoks, strict=True))
+        out[key] = bad
+    return out
+
+
+def _write_results(models_dir: Path, result: dict) -> None:
+    """``eval_results.json``, and the model card again where the pair has one."""
+    (models_dir / "eval_results.json").write_text(json.dumps(result, indent=1))
+    if (models_dir / "training_info.json").exists():
+        from .card import write_card
+
+        write_card(models_dir)
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="data/models")
     ap.add_argument("--prompts", type=int, default=64, help="number of held-out prompts")
     ap.add_argument("--prompts-file", default=None)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--kv-corruption", action="store_true", help="also measure with drafter KV zeroed")
+    ap.add_argument("--kv-corruption", action="store_true",
+                    help="also measure with drafter KV zeroed")
     ap.add_argument("--no-card", action="store_true", help="do not write eval_results.json / card")
     args = ap.parse_args(argv)
-    cmd = "python -m workbench.training.evaluate " + " ".join(argv if argv is not None else sys.argv[1:])
-    r = evaluate(args.models, args.prompts_file, args.prompts, args.max_tokens, args.k, args.kv_corruption,
+    cmd = "python -m workbench.training.evaluate " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    r = evaluate(args.models, args.prompts_file, n_prompts=args.prompts,
+                 max_tokens=args.max_tokens, k=args.k, kv_corruption=args.kv_corruption,
                  write=not args.no_card, command=cmd)
     for row in r["checks"]:
         print(f"{'ok ' if row['ok'] else 'NO '} {row['name']}: {row['value']}  (bar {row['bar']})")
     c = r["clean"]
-    print(f"drafts {c['num_drafts']}, accepted {c['num_accepted']}, generation {c['wall_s']:.1f} s, "
-          f"engine start {r['engine_start_s']:.1f} s")
+    print(f"drafts {c['num_drafts']}, accepted {c['num_accepted']}, "
+          f"generation {c['wall_s']:.1f} s, engine start {r['engine_start_s']:.1f} s")
     for s in r["samples"][:2]:
         print("---", s["id"], "\n" + s["prompt_tail"][-120:] + "⟨⟩" + s["output"])
     return 0 if r["all_ok"] else 1

@@ -31,17 +31,17 @@ import torch.nn.functional as F
 
 
 @dataclass
-class TargetConfig:
+class LlamaShape:
+    """What the target and the drafter's one layer share: sizes, norms, rotary, special ids."""
+
     vocab_size: int = 2048
     hidden_size: int = 256
     intermediate_size: int = 688
-    num_hidden_layers: int = 6
     num_attention_heads: int = 4
     num_key_value_heads: int = 4
     max_position_embeddings: int = 1024
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    tie_word_embeddings: bool = True
     bos_token_id: int = 1
     eos_token_id: int = 2
     pad_token_id: int = 0
@@ -49,6 +49,12 @@ class TargetConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+
+@dataclass
+class TargetConfig(LlamaShape):
+    num_hidden_layers: int = 6
+    tie_word_embeddings: bool = True
 
     def hf_dict(self) -> dict:
         d = asdict(self)
@@ -69,25 +75,10 @@ class TargetConfig:
 
 
 @dataclass
-class DrafterConfig:
-    vocab_size: int = 2048
+class DrafterConfig(LlamaShape):
     draft_vocab_size: int = 1024
-    hidden_size: int = 256
     target_hidden_size: int = 256
-    intermediate_size: int = 688
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 4
-    max_position_embeddings: int = 1024
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
     aux_layer_ids: list = field(default_factory=lambda: [1, 3, 5])
-    bos_token_id: int = 1
-    eos_token_id: int = 2
-    pad_token_id: int = 0
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     def hf_dict(self) -> dict:
         ids = [int(i) for i in self.aux_layer_ids]
@@ -140,7 +131,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float):
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
+    half = torch.arange(0, head_dim, 2, device=positions.device).float()
+    inv = 1.0 / (theta ** (half / head_dim))
     f = positions.float()[..., None] * inv  # (..., d/2)
     emb = torch.cat([f, f], dim=-1)
     return emb.cos(), emb.sin()
@@ -197,7 +189,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, c: TargetConfig, dropout: float = 0.0):
         super().__init__()
         self.drop = nn.Dropout(dropout)
-        self.self_attn = Attention(c.hidden_size, c.hidden_size, c.num_attention_heads, c.num_key_value_heads)
+        self.self_attn = Attention(c.hidden_size, c.hidden_size, c.num_attention_heads,
+                                   c.num_key_value_heads)
         self.mlp = MLP(c.hidden_size, c.intermediate_size)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -230,9 +223,10 @@ class Llama(nn.Module):
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         # scaled init of residual-output projections (GPT-2 style)
+        std = 0.02 / math.sqrt(2 * c.num_hidden_layers)
         for layer in self.model.layers:
-            nn.init.normal_(layer.self_attn.o_proj.weight, std=0.02 / math.sqrt(2 * c.num_hidden_layers))
-            nn.init.normal_(layer.mlp.down_proj.weight, std=0.02 / math.sqrt(2 * c.num_hidden_layers))
+            nn.init.normal_(layer.self_attn.o_proj.weight, std=std)
+            nn.init.normal_(layer.mlp.down_proj.weight, std=std)
 
     def forward(self, ids, aux_ids=None):
         """Returns logits (B,T,V) and, if aux_ids given, list of aux hidden states."""
@@ -263,9 +257,7 @@ class Llama(nn.Module):
 
 
 def _init_weights(m):
-    if isinstance(m, nn.Linear):
-        nn.init.normal_(m.weight, std=0.02)
-    elif isinstance(m, nn.Embedding):
+    if isinstance(m, (nn.Linear, nn.Embedding)):
         nn.init.normal_(m.weight, std=0.02)
 
 
@@ -372,10 +364,7 @@ class Eagle3Drafter(nn.Module):
         return outs
 
     def export_state_dict(self):
-        out = {}
-        for k, v in self.state_dict().items():
-            out[k] = v.detach().contiguous().clone()
-        return out
+        return {k: v.detach().contiguous().clone() for k, v in self.state_dict().items()}
 
 
 def count_params(m: nn.Module) -> int:

@@ -14,46 +14,51 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
+from dataclasses import fields
+from pathlib import Path
 
 import torch
 
 from .evaluate import DEFAULT_PROMPTS, degeneracy, load_prompts
+from .loop import pick_device
 from .model import DrafterConfig, Eagle3Drafter, Llama, TargetConfig
+
+
+def _known_fields(cls, model_dir: Path, **override):
+    """``cls`` (a training config class) from an exported config.json: the keys it knows."""
+    raw = json.loads((model_dir / "config.json").read_text())
+    return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw}, **override)
 
 
 def load_pair(models_dir: str, device) -> tuple[Llama, Eagle3Drafter]:
     """Read the exported safetensors/config.json back into the training classes."""
     from safetensors.torch import load_file
 
-    with open(os.path.join(models_dir, "target", "config.json")) as f:
-        tc_raw = json.load(f)
-    tc = TargetConfig(**{k: tc_raw[k] for k in TargetConfig.__dataclass_fields__ if k in tc_raw})
+    tdir, ddir = Path(models_dir, "target"), Path(models_dir, "drafter")
+    tc = _known_fields(TargetConfig, tdir)
     target = Llama(tc)
-    sd = load_file(os.path.join(models_dir, "target", "model.safetensors"))
+    sd = load_file(tdir / "model.safetensors")
     if tc.tie_word_embeddings:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     target.load_state_dict(sd)
-    with open(os.path.join(models_dir, "drafter", "config.json")) as f:
-        dc_raw = json.load(f)
-    dc = DrafterConfig(**{k: dc_raw[k] for k in DrafterConfig.__dataclass_fields__ if k in dc_raw},
-                       aux_layer_ids=dc_raw["eagle_aux_hidden_state_layer_ids"])
-    drafter = Eagle3Drafter(dc)
-    drafter.load_state_dict(load_file(os.path.join(models_dir, "drafter", "model.safetensors")))
+    aux = json.loads((ddir / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
+    drafter = Eagle3Drafter(_known_fields(DrafterConfig, ddir, aux_layer_ids=aux))
+    drafter.load_state_dict(load_file(ddir / "model.safetensors"))
     return target.to(device).eval(), drafter.to(device).eval()
 
 
 def encode_prompts(models_dir: str, prompts: list[dict]) -> list[list[int]]:
     from tokenizers import Tokenizer
 
-    tk = Tokenizer.from_file(os.path.join(models_dir, "target", "tokenizer.json"))
+    tk = Tokenizer.from_file(str(Path(models_dir, "target", "tokenizer.json")))
     return [tk.encode(p["text"]).ids for p in prompts]  # BOS comes from the post-processor
 
 
 @torch.no_grad()
-def greedy(target: Llama, prompts: list[list[int]], n_new: int, device, batch: int = 64) -> list[list[int]]:
+def greedy(target: Llama, prompts: list[list[int]], n_new: int, device,
+           batch: int = 64) -> list[list[int]]:
     """Batched greedy decoding, right-padded (causal attention keeps pads out of view)."""
     out = []
     for b in range(0, len(prompts), batch):
@@ -66,15 +71,15 @@ def greedy(target: Llama, prompts: list[list[int]], n_new: int, device, batch: i
             logits = target(x.to(device))
             last = torch.tensor([len(s) - 1 for s in seqs], device=device)
             nxt = logits[torch.arange(len(seqs), device=device), last].argmax(-1).tolist()
-            for s, t in zip(seqs, nxt):
+            for s, t in zip(seqs, nxt, strict=True):
                 s.append(t)
-        out.extend(s[len(p):] for s, p in zip(seqs, prompts[b : b + batch]))
+        out.extend(s[len(p):] for s, p in zip(seqs, prompts[b : b + batch], strict=True))
     return out
 
 
 @torch.no_grad()
-def chain_acceptance(target: Llama, drafter: Eagle3Drafter, prompt: list[int], gen: list[int], k: int,
-                     device, zero_prompt_kv: bool = False) -> torch.Tensor:
+def chain_acceptance(target: Llama, drafter: Eagle3Drafter, prompt: list[int], gen: list[int],
+                     k: int, device, zero_prompt_kv: bool = False) -> torch.Tensor:
     """(n_chains, k) bool: draft step s of the chain started at each position accepted
     together with all earlier steps (greedy verification against ``gen``)."""
     x = torch.tensor([prompt + gen], device=device)
@@ -85,7 +90,8 @@ def chain_acceptance(target: Llama, drafter: Eagle3Drafter, prompt: list[int], g
     T = x.shape[1]
     starts = range(P - 1, T - k - 1)  # chain at j drafts tokens j+2 .. j+k+1
     j = torch.tensor(list(starts), device=device)
-    match = torch.stack([ids[outs[s][0, j].argmax(-1)] == x[0, j + s + 2] for s in range(k)], dim=1)
+    match = torch.stack([ids[outs[s][0, j].argmax(-1)] == x[0, j + s + 2] for s in range(k)],
+                        dim=1)
     return match.cumprod(dim=1).bool()
 
 
@@ -101,10 +107,10 @@ def walk(acc: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows) if rows else acc[:0]
 
 
-def probe(models_dir: str, prompts_file: str | None = None, n: int = 64, max_tokens: int = 128, k: int = 3,
-          device: str = "auto") -> dict:
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       ("cpu" if device == "auto" else device))
+def probe(models_dir: str, prompts_file: str | None = None, n: int = 64, max_tokens: int = 128,
+          k: int = 3, device: str = "auto") -> dict:
+    """The quality bar's figures for the pair in ``models_dir``, without vLLM."""
+    dev = pick_device(device)
     target, drafter = load_pair(models_dir, dev)
     prompts = load_prompts(prompts_file or DEFAULT_PROMPTS, n)
     enc = encode_prompts(models_dir, prompts)
@@ -114,19 +120,26 @@ def probe(models_dir: str, prompts_file: str | None = None, n: int = 64, max_tok
            "distinct_median": statistics.median(distinct), "distinct_min": min(distinct),
            "max_token_share": max(share)}
     for label, zero in (("clean", False), ("kv_zeroed", True)):
-        accs = [chain_acceptance(target, drafter, p, g, k, dev, zero) for p, g in zip(enc, gens)]
-        walked = torch.cat([walk(a) for a in accs])
-        pp = walked.float().mean(0).tolist()
-        every = torch.cat(accs).float().mean(0).tolist()
-        res[label] = {"per_pos": pp, "acceptance_length": 1 + sum(pp), "n_drafts": len(walked),
-                      "per_pos_every_start": every}
+        accs = [chain_acceptance(target, drafter, p, g, k, dev, zero)
+                for p, g in zip(enc, gens, strict=True)]
+        res[label] = _acceptance(accs)
     c0 = res["clean"]["per_pos"][0]
     res["kv_pos0_rel_drop"] = 1 - res["kv_zeroed"]["per_pos"][0] / c0 if c0 > 0 else 0.0
     return res
 
 
+def _acceptance(accs: list[torch.Tensor]) -> dict:
+    """Per-position acceptance over the chains vLLM would draft (and over every start)."""
+    walked = torch.cat([walk(a) for a in accs])
+    pp = walked.float().mean(0).tolist()
+    every = torch.cat(accs).float().mean(0).tolist()
+    return {"per_pos": pp, "acceptance_length": 1 + sum(pp), "n_drafts": len(walked),
+            "per_pos_every_start": every}
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="data/models")
     ap.add_argument("--prompts-file", default=None)
     ap.add_argument("--n", type=int, default=64)
@@ -139,8 +152,7 @@ def main(argv=None):
     txt = json.dumps(r, indent=1)
     print(txt)
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(txt)
+        Path(args.json).write_text(txt)
     return 0
 
 

@@ -11,59 +11,52 @@ Same file formats as the trained pair (HF ``LlamaForCausalLM`` + vLLM
 
 from __future__ import annotations
 
-import os
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 
 from . import tok as tok_mod
-from .model import DrafterConfig, Eagle3Drafter, Llama, TargetConfig
-from .train import aux_layer_ids, save_drafter, save_target
+from .config import TINY
+from .export import save_drafter, save_target
+from .model import Eagle3Drafter, Llama
 
 
-def _tokenizer_text():
-    import json
-    import textwrap
-
+def _tokenizer_text() -> list[str]:
     # a few small, always-present stdlib modules (deterministic; no network, no data files)
     import bisect
     import colorsys
     import contextlib
     import fnmatch
+    import json
     import keyword
     import shlex
     import string
+    import textwrap
 
-    texts = []
-    for mod in (bisect, colorsys, contextlib, fnmatch, keyword, shlex, string, textwrap, json):
-        with open(mod.__file__, encoding="utf-8") as f:
-            texts.append(f.read())
-    return texts
+    mods = (bisect, colorsys, contextlib, fnmatch, keyword, shlex, string, textwrap, json)
+    return [Path(mod.__file__).read_text(encoding="utf-8") for mod in mods]
 
 
 def make_random_pair(out_dir, seed: int = 0, vocab: int = 512, hidden: int = 64, layers: int = 2,
                      heads: int = 2, draft_vocab: int = 256) -> tuple[str, str]:
     """Writes ``out_dir/target`` and ``out_dir/drafter``; returns their paths."""
-    out_dir = str(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    tok_dir = os.path.join(out_dir, "tokenizer")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     tk = tok_mod.train_tokenizer(_tokenizer_text(), vocab)
-    tok_mod.save_tokenizer(tk, tok_dir)
+    tok_mod.save_tokenizer(tk, out / "tokenizer")
     vocab = tk.get_vocab_size()
-    g = torch.random.fork_rng()
-    with g:
+    # the tiny training settings' shapes (MLP 11/4 of the width), vLLM's default aux layers
+    cfg = replace(TINY, vocab=vocab, hidden=hidden, inter=hidden * 11 // 4, layers=layers,
+                  heads=heads, draft_vocab=min(draft_vocab, vocab), aux_layers="auto")
+    tc, dc = cfg.target_config(), cfg.drafter_config()
+    with torch.random.fork_rng():
         torch.manual_seed(seed)
-        tc = TargetConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
-                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads)
-        dc = DrafterConfig(vocab_size=vocab, draft_vocab_size=min(draft_vocab, vocab), hidden_size=hidden,
-                           target_hidden_size=hidden, intermediate_size=hidden * 11 // 4,
-                           num_attention_heads=heads, num_key_value_heads=heads,
-                           aux_layer_ids=aux_layer_ids(layers))
         target = Llama(tc)
         drafter = Eagle3Drafter(dc)
         drafter.set_vocab_map(torch.arange(dc.draft_vocab_size))  # the first ids
         with torch.no_grad():
             drafter.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
-    tdir, ddir = os.path.join(out_dir, "target"), os.path.join(out_dir, "drafter")
-    save_target(target, tc, tok_dir, tdir)
-    save_drafter(drafter, dc, ddir)
-    return tdir, ddir
+    save_target(target, tc, out / "tokenizer", out / "target")
+    save_drafter(drafter, dc, out / "drafter")
+    return str(out / "target"), str(out / "drafter")

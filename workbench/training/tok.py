@@ -8,7 +8,7 @@ both yield ``[1, ...]``.
 from __future__ import annotations
 
 import json
-import os
+from pathlib import Path
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
 PAD, BOS, EOS = 0, 1, 2
@@ -35,9 +35,11 @@ def train_tokenizer(texts, vocab_size: int = 2048):
     return tok
 
 
-def save_tokenizer(tok, out_dir: str, model_max_length: int = 1024):
-    os.makedirs(out_dir, exist_ok=True)
-    tok.save(os.path.join(out_dir, "tokenizer.json"))
+def save_tokenizer(tok, out_dir: str | Path, model_max_length: int = 1024) -> None:
+    """``tokenizer.json`` plus the two files transformers and vLLM read it through."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
     cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<s>",
@@ -50,16 +52,15 @@ def save_tokenizer(tok, out_dir: str, model_max_length: int = 1024):
         "model_max_length": model_max_length,
         "model_input_names": ["input_ids", "attention_mask"],
     }
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-    with open(os.path.join(out_dir, "special_tokens_map.json"), "w") as f:
-        json.dump({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}, f, indent=2)
+    specials = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2))
 
 
-def load_raw(path_dir: str):
+def load_raw(path_dir: str | Path):
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(os.path.join(path_dir, "tokenizer.json"))
+    return Tokenizer.from_file(str(Path(path_dir) / "tokenizer.json"))
 
 
 def encode_plain(tok, text: str) -> list[int]:

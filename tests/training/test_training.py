@@ -9,15 +9,15 @@ marked ``vllm``.  Run them one at a time on a small box, e.g.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "data" / "models"
 PROMPTS = REPO / "data" / "prompts" / "indomain.jsonl"
 
@@ -34,12 +34,21 @@ def tiny_trained(tmp_path_factory):
 
 
 def _close(llm):
-    try:
+    # best effort: the engine may already be gone, and a failed shutdown must not fail a test
+    with contextlib.suppress(Exception):
         llm.llm_engine.engine_core.shutdown()
-    except Exception:
-        pass
     del llm
     gc.collect()
+
+
+def _small_drafter():
+    """A random 16-wide drafter over a 50-token vocabulary, in eval mode."""
+    from workbench.training.model import DrafterConfig, Eagle3Drafter
+
+    c = DrafterConfig(vocab_size=50, draft_vocab_size=50, hidden_size=16, target_hidden_size=16,
+                      intermediate_size=24, num_attention_heads=2, num_key_value_heads=2,
+                      aux_layer_ids=[0, 1, 2])
+    return Eagle3Drafter(c).eval()
 
 
 # --------------------------------------------------------------------------- CPU-only tests
@@ -59,7 +68,8 @@ def test_tiny_training_outputs(tiny_trained):
     assert sd["fc.weight"].shape == (64, 3 * 64)
     assert sd["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * 64
     assert sd["lm_head.weight"].shape[0] == 256
-    assert {"d2t", "t2d", "norm.weight", "midlayer.hidden_norm.weight", "embed_tokens.weight"} <= set(sd)
+    assert {"d2t", "t2d", "norm.weight", "midlayer.hidden_norm.weight",
+            "embed_tokens.weight"} <= set(sd)
     # d2t offsets map draft ids onto exactly the target ids flagged in t2d
     mapped = torch.arange(256) + sd["d2t"]
     assert torch.equal(torch.nonzero(sd["t2d"]).flatten(), mapped)
@@ -86,7 +96,8 @@ def test_tiny_target_loads_in_transformers(tiny_trained):
     assert ids[0] == tok.bos_token_id == 1
     hf = AutoModelForCausalLM.from_pretrained(str(tdir), dtype=torch.float32)
     cfg = json.loads((tdir / "config.json").read_text())
-    mine = Llama(TargetConfig(**{k: v for k, v in cfg.items() if k in TargetConfig.__dataclass_fields__}))
+    mine = Llama(TargetConfig(**{k: v for k, v in cfg.items()
+                                 if k in TargetConfig.__dataclass_fields__}))
     from safetensors.torch import load_file
 
     mine.load_state_dict(load_file(str(tdir / "model.safetensors")), strict=False)
@@ -108,12 +119,8 @@ def test_ttt_unroll_matches_stepwise_decode():
 
     import torch.nn.functional as F
 
-    from workbench.training.model import DrafterConfig, Eagle3Drafter, rope_cos_sin
-
     torch.manual_seed(0)
-    c = DrafterConfig(vocab_size=50, draft_vocab_size=50, hidden_size=16, target_hidden_size=16,
-                      intermediate_size=24, num_attention_heads=2, num_key_value_heads=2, aux_layer_ids=[0, 1, 2])
-    d = Eagle3Drafter(c).eval()
+    d = _small_drafter()
     B, T, S = 1, 12, 3
     toks = torch.randint(0, 50, (B, T))
     aux = [torch.randn(B, T, 16) for _ in range(3)]
@@ -123,7 +130,8 @@ def test_ttt_unroll_matches_stepwise_decode():
         h0 = d.fc(torch.cat(aux, -1))
         for j in (0, 4, 7):
             # step 0 KV for positions 0..j (target features, token shifted by one)
-            x, res, cos, sin = d._step_inputs(toks[:, 1 : j + 2], h0[:, : j + 1], torch.arange(j + 1))
+            x, res, cos, sin = d._step_inputs(toks[:, 1 : j + 2], h0[:, : j + 1],
+                                              torch.arange(j + 1))
             q, k, v = attn.qkv(x, cos, sin)
             K, V = [k], [v]
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -133,7 +141,8 @@ def test_ttt_unroll_matches_stepwise_decode():
             for s in range(1, S):
                 if j + s + 1 >= T:
                     break
-                x, res, cos, sin = d._step_inputs(toks[:, j + s + 1 : j + s + 2], h, torch.tensor([j + s]))
+                x, res, cos, sin = d._step_inputs(toks[:, j + s + 1 : j + s + 2], h,
+                                                  torch.tensor([j + s]))
                 q, k, v = attn.qkv(x, cos, sin)
                 K.append(k)
                 V.append(v)
@@ -150,12 +159,8 @@ def test_zeroed_prompt_kv_in_unroll_matches_stepwise_decode():
     which is what evaluate's vLLM hook writes into the drafter's cache."""
     import torch.nn.functional as F
 
-    from workbench.training.model import DrafterConfig, Eagle3Drafter
-
     torch.manual_seed(1)
-    c = DrafterConfig(vocab_size=50, draft_vocab_size=50, hidden_size=16, target_hidden_size=16,
-                      intermediate_size=24, num_attention_heads=2, num_key_value_heads=2, aux_layer_ids=[0, 1, 2])
-    d = Eagle3Drafter(c).eval()
+    d = _small_drafter()
     T, P = 12, 5
     toks = torch.randint(0, 50, (1, T))
     aux = [torch.randn(1, T, 16) for _ in range(3)]
@@ -163,7 +168,8 @@ def test_zeroed_prompt_kv_in_unroll_matches_stepwise_decode():
         clean = d.forward_ttt(toks, aux, 1)[0]
         bad = d.forward_ttt(toks, aux, 1, zero_kv_before=P)[0]
         attn = d.midlayer.self_attn
-        x, res, cos, sin = d._step_inputs(toks[:, 1:], d.fc(torch.cat(aux, -1))[:, : T - 1], torch.arange(T - 1))
+        h0 = d.fc(torch.cat(aux, -1))[:, : T - 1]
+        x, res, cos, sin = d._step_inputs(toks[:, 1:], h0, torch.arange(T - 1))
         q, k, v = attn.qkv(x, cos, sin)
         k[:, :, :P] = 0
         v[:, :, :P] = 0
@@ -176,7 +182,8 @@ def test_zeroed_prompt_kv_in_unroll_matches_stepwise_decode():
 def test_probe_walk_follows_verification():
     from workbench.training.probe import walk
 
-    acc = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0], [1, 1, 1], [0, 0, 0]]).bool()
+    acc = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0], [1, 1, 1],
+                        [0, 0, 0]]).bool()
     # start 0 accepts 2 -> next chain at 3; start 3 accepts 3 -> next at 7 (past the end)
     assert walk(acc).int().tolist() == [[1, 1, 0], [1, 1, 1]]
 
@@ -199,7 +206,8 @@ def test_tiny_grid_trains_probes_and_ranks(tmp_path):
     from workbench.training import grid
 
     out = tmp_path / "grid"
-    assert grid.main(["--tiny", "--out", str(out), "--seed-work", str(tmp_path / "none"), "--prompts", "3"]) == 0
+    assert grid.main(["--tiny", "--out", str(out), "--seed-work", str(tmp_path / "none"),
+                      "--prompts", "3"]) == 0
     rec = json.loads((out / "grid.json").read_text())
     assert set(rec["ranked"]) == {"a", "a-ul"}
     for v in rec["variants"].values():
@@ -248,8 +256,9 @@ def test_make_random_pair(tmp_path):
 
 def test_prompt_set_shape():
     if not PROMPTS.exists():
-        pytest.skip("data/prompts/indomain.jsonl absent (made by python -m workbench.training.train)")
-    rows = [json.loads(l) for l in PROMPTS.read_text().splitlines() if l.strip()]
+        pytest.skip("data/prompts/indomain.jsonl absent "
+                    "(made by python -m workbench.training.train)")
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
     assert len(rows) >= 96
     assert all(set(r) == {"id", "text", "source"} for r in rows)
     assert all(r["text"].endswith("\n") for r in rows)
@@ -267,7 +276,8 @@ def test_shipped_size_budget():
 
 
 def test_shipped_drafter_names_its_aux_layers():
-    """Set explicitly, so nothing depends on vLLM's default (which repeats a layer below 7 layers)."""
+    """Set explicitly, so nothing depends on vLLM's default (which repeats a layer below 7
+    layers)."""
     if not (SHIPPED / "drafter").exists():
         pytest.skip("data/models/ absent: no shipped checkpoints")
     cfg = json.loads((SHIPPED / "drafter" / "config.json").read_text())
@@ -298,9 +308,11 @@ def test_tiny_pair_runs_in_vllm(tiny_trained):
     from workbench.training.evaluate import make_llm, run_batch
 
     _, tdir, ddir = tiny_trained
-    llm = make_llm(None, target_dir=str(tdir), drafter_dir=str(ddir), kv_bytes=64 * 2**20, max_model_len=256)
+    llm = make_llm(None, target_dir=str(tdir), drafter_dir=str(ddir), kv_bytes=64 * 2**20,
+                   max_model_len=256)
     try:
-        r, toks, texts = run_batch(llm, [{"text": "import os\n"}, {"text": "def f(x):\n"}], max_tokens=8)
+        r, toks, texts = run_batch(llm, [{"text": "import os\n"}, {"text": "def f(x):\n"}],
+                                   max_tokens=8)
     finally:
         _close(llm)
     assert all(len(t) == 8 for t in toks)
@@ -313,7 +325,8 @@ def shipped_eval():
         pytest.skip("data/models/ absent: no shipped checkpoints to measure")
     from workbench.training.evaluate import evaluate
 
-    return evaluate(str(SHIPPED), str(PROMPTS), n_prompts=16, max_tokens=128, kv_corruption=True, write=False)
+    return evaluate(str(SHIPPED), str(PROMPTS), n_prompts=16, max_tokens=128, kv_corruption=True,
+                    write=False)
 
 
 @pytest.mark.vllm
