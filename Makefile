@@ -9,7 +9,7 @@ STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint figures lock benchmark browser-test train evaluate clean
+.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean
 
 setup: $(STAMP)
 
@@ -55,3 +55,7 @@ lock:
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# Acceptance under load: the fixed pipeline and one bug at 1..32 requests in flight.
+load: setup
+	$(PY) -m workbench sweep --grid load --out data/load

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from workbench import sweep
-from workbench.config import ExperimentConfig
+from workbench.config import SWEEP_NUM_PROMPTS, ExperimentConfig
 
 
 def main() -> None:
@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--grid", default="default")
     ap.add_argument("--in-process", action="store_true")
+    ap.add_argument("--prompts", type=int, default=SWEEP_NUM_PROMPTS)
     ap.add_argument("--report", help="report on a sweep already run in this directory")
     args = ap.parse_args()
     if args.report:
@@ -35,8 +36,8 @@ def main() -> None:
     else:
         out = Path(args.out or tempfile.mkdtemp(prefix="sweep-bench-"))
         t = time.monotonic()
-        sweep.run_sweep(args.grid, out, ExperimentConfig(), use_papermill=not args.in_process,
-                        resume=False)
+        sweep.run_sweep(args.grid, out, ExperimentConfig(num_prompts=args.prompts),
+                        use_papermill=not args.in_process, resume=False)
         wall = time.monotonic() - t
         timing = json.loads((out / "sweep-timing.json").read_text())
     results = sweep.load_results(out)

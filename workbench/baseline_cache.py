@@ -16,7 +16,7 @@ from .config import ExperimentConfig
 from .knobs.release import vllm_version
 from .provenance import atomic_write_json
 
-ROW_KEYS = ("baseline", "baseline_tokens", "baseline_seconds")  # what a request row keeps
+ROW_KEYS = ("baseline", "baseline_tokens", "baseline_seconds", "baseline_spec")  # a row's baseline
 
 
 class BaselineCache:
@@ -25,19 +25,21 @@ class BaselineCache:
 
     def path(self, cfg: ExperimentConfig, token_ids: list[list[int]]) -> Path:
         shape = [cfg.target, cfg.drafter, cfg.k_d, cfg.block_size, cfg.kv_cache_bytes,
-                 cfg.max_model_len, cfg.seed, cfg.profile, cfg.max_tokens, vllm_version(),
-                 token_ids]
+                 cfg.max_model_len, cfg.seed, cfg.profile, cfg.max_tokens, cfg.concurrency,
+                 vllm_version(), token_ids]
         digest = hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:24]
         return self.directory / f"baseline-{digest}.json"
 
     def load(self, cfg: ExperimentConfig, token_ids: list[list[int]]) -> dict | None:
-        """``{"measured_at", "rows"}`` for these prompts, or None if never measured."""
+        """``{"measured_at", "rows", "phase"}`` for these prompts (``phase``: how they were
+        measured, its ``/metrics`` deltas included), or None if never measured."""
         path = self.path(cfg, token_ids)
         return json.loads(path.read_text()) if path.is_file() else None
 
-    def store(self, cfg: ExperimentConfig, token_ids: list[list[int]], rows: list[dict]) -> None:
+    def store(self, cfg: ExperimentConfig, token_ids: list[list[int]], rows: list[dict],
+              phase: dict) -> None:
         data = {"measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "rows": [{k: r[k] for k in ROW_KEYS} for r in rows]}
+                "rows": [{k: r.get(k) for k in ROW_KEYS} for r in rows], "phase": phase}
         atomic_write_json(self.path(cfg, token_ids), data, indent=None, sort_keys=False)
 
     def __str__(self) -> str:

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from .config import ConfigError, ExperimentConfig, read_json
+from .config import SWEEP_NUM_PROMPTS, ConfigError, ExperimentConfig, read_json
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
 
@@ -30,6 +30,8 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--block-size", type=int, help="KV block size (CPU: a multiple of 32)")
     ap.add_argument("--kv-cache-bytes", type=int, help="KV cache size per server (CPU)")
     ap.add_argument("--seed", type=int)
+    ap.add_argument("--concurrency", type=int, help="requests in flight on each side "
+                    f"(default {d['concurrency'].default}; 1: one at a time)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the standalone baseline")
     ap.add_argument("--no-enforce-eager", action="store_true",
                     help="drop --enforce-eager (every profile sets it, as vLLM's PD test does): "
@@ -43,7 +45,8 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
 
 
 _FLAG_FIELDS = ("target", "drafter", "profile", "num_prompts", "max_tokens", "prompt_set",
-                "prompt_file", "k_p", "k_d", "block_size", "kv_cache_bytes", "seed", "host")
+                "prompt_file", "k_p", "k_d", "block_size", "kv_cache_bytes", "seed", "host",
+                "concurrency")
 
 
 def _flag_values(args: argparse.Namespace, data: dict) -> dict:
@@ -78,8 +81,10 @@ def _config_file(args: argparse.Namespace) -> dict:
     return data
 
 
-def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
-    return ExperimentConfig.from_dict(_flag_values(args, _config_file(args)))
+def config_from_args(args: argparse.Namespace, defaults: dict | None = None) -> ExperimentConfig:
+    """The config the flags describe, over the config file, over ``defaults``."""
+    data = {**(defaults or {}), **_config_file(args)}
+    return ExperimentConfig.from_dict(_flag_values(args, data))
 
 
 def parse_attach(text: str | None) -> dict[str, str] | None:
@@ -109,9 +114,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         def progress(phase: str, done: int, total: int) -> None:
             nonlocal bar
             if bar is None:
-                bar = tqdm(total=total, desc="requests", unit="req")
+                bar = tqdm(desc="requests", unit="req")
             bar.set_postfix_str(phase)
-            bar.update(done - bar.n)
+            if phase in ("baseline", "pd"):  # "start" and "knobs" count no requests
+                bar.total = total
+                bar.update(done - bar.n)
 
         if urls:
             session = experiment.Session.attach(urls, knobs_file=args.knobs_file,
@@ -131,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from . import sweep
 
-    base = config_from_args(args)
+    base = config_from_args(args, defaults={"num_prompts": SWEEP_NUM_PROMPTS})
     points = sweep.grid_points(args.grid)  # an unknown grid fails before any server starts
     out = Path(args.out)
 
@@ -219,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     sw = sub.add_parser("sweep", help="run a grid of knob settings through papermill, "
                         "resumable; aggregate into results.csv and figures")
     _add_experiment_args(sw)
-    sw.add_argument("--grid", default="default", help="grid name (default, smoke)")
+    sw.add_argument("--grid", default="default", help="grid name (default, load, smoke); "
+                    f"{SWEEP_NUM_PROMPTS} prompts a point unless --prompts")
     sw.add_argument("--out", default=str(Path("data") / "results"), help="output directory")
     sw.add_argument("--restart", action="store_true", help="rerun points already complete")
     sw.add_argument("--in-process", action="store_true",

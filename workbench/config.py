@@ -16,6 +16,7 @@ from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
 from .prompts import SOURCES as _PROMPT_SOURCES
 
 ROLES = ("p", "d", "baseline")
+SWEEP_NUM_PROMPTS = 64  # a sweep point's prompts unless --prompts or its config file say otherwise
 
 
 class ConfigError(ValueError):
@@ -55,6 +56,9 @@ class ExperimentConfig:
     # and lets Model Runner V2 (GPU) run its start-up warm-up, the source dirty_source=warmup reads.
     enforce_eager: bool | None = None
     request_timeout_s: float = 300.0
+    # Requests in flight on each side at once (each response carries its own spec-decode
+    # counts). The README's "How a run is measured" gives the measurement behind the default.
+    concurrency: int = 32
 
     def __post_init__(self) -> None:
         self.validate()
@@ -81,9 +85,9 @@ class ExperimentConfig:
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(
                     f"{name}={v!r}: the number of draft tokens must be an integer >= 1")
-        for name in ("num_prompts", "max_tokens"):
+        for name in ("num_prompts", "max_tokens", "concurrency"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{name}={v!r} must be an integer >= 1")
         if profiles.PROFILES[self.profile].device == "cpu" and self.block_size % 32:
             raise ConfigError(

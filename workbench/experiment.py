@@ -177,15 +177,18 @@ class Session:
         result = self._new_result(cfg, command, len(plist), self.apply_knobs(cfg))
         result.requests = rows = [_row(p, cfg) for p in plist]
         cache = BaselineCache(self.baseline_cache) if self.baseline_cache else None
-        async def requests() -> Requests:
-            async with httpx.AsyncClient(timeout=cfg.request_timeout_s) as client:
+        result.measurement = {"concurrency": cfg.concurrency, "sides": {}}
+
+        async def requests() -> None:
+            limits = httpx.Limits(max_connections=2 * cfg.concurrency + 4)
+            async with httpx.AsyncClient(timeout=cfg.request_timeout_s, limits=limits) as client:
                 req = Requests(client, {r: s.url for r, s in self.servers.items()}, cfg,
-                               f"wb{self.channel.version}", progress)
+                               f"wb{self.channel.version}", progress,
+                               phases=result.measurement["sides"])
                 try:
                     await measure(req, plist, rows, cache, result.notes)
                 finally:
                     result.engine_seconds = req.engine_seconds
-                return req
 
         try:
             run_coro(requests())
@@ -214,7 +217,8 @@ class Session:
                    "startup_seconds": dict(self.startup_seconds)},
             pd=None, baseline=None, token_agreement=None,
             notes=knob_notes(cfg.knobs, device=device, prompt_set=cfg.prompt_set,
-                             enforce_eager=cfg.enforce_eager_in_force()),
+                             enforce_eager=cfg.enforce_eager_in_force(),
+                             concurrency=cfg.concurrency),
         )
 
 

@@ -1,9 +1,17 @@
 """Sending a run's requests and counting what each one drafted and accepted.
 
-Requests go one at a time, with a /metrics scrape before and after each: the per-request
-counter deltas are exact (no other request shares the step), and greedy outputs are compared
-under the same batch shape on both sides (fp32 CPU kernels may round differently for other
-batch shapes), so token agreement means what it says.
+Every server the workbench starts runs with ``--per-request-spec-decode-metrics detailed``
+(``ObservabilityConfig.per_request_spec_decode_metrics`` in ``vllm/config/observability.py``),
+so each completion's body carries ``metrics.speculative_decoding`` with that request's ordered
+``per_step_accepted`` / ``per_step_drafted`` arrays (``RequestSpecDecodeMetrics`` in
+``vllm/v1/metrics/stats.py``, observed in the same scheduler branch as the ``/metrics``
+counters). A request's counts come from its own response, so up to ``cfg.concurrency``
+requests can be in flight on each side; ``/metrics`` is scraped before and after each phase
+and the per-request sums must equal the counter deltas (``measurement.crosscheck``).
+
+Servers without the flag (attach mode) are detected on each phase's first request, which goes
+alone with a scrape around it; the phase then continues one request at a time with a scrape
+before and after each (``measurement.source: "metrics-scrape"``), as the workbench did before.
 """
 
 from __future__ import annotations
@@ -11,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -24,6 +32,7 @@ from .prompts import Prompt
 from .proxy import pd_complete
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
+SIDE_SERVERS = {"baseline": ("baseline",), "pd": ("d", "p")}  # counted server first
 
 
 def handed_blocks(remote_block_ids) -> int | None:
@@ -40,9 +49,21 @@ def request_body(cfg: ExperimentConfig) -> dict[str, Any]:
             "top_p": 1.0, "return_token_ids": True, "ignore_eos": False}
 
 
+def spec_metrics(response: dict) -> dict | None:
+    """A completion's ``metrics.speculative_decoding`` with its per-step arrays, or None when
+    the server does not report them (the field is experimental upstream: read defensively)."""
+    sd = ((response.get("metrics") or {}).get("speculative_decoding")) or None
+    if not isinstance(sd, dict) or "num_spec_tokens" not in sd:
+        return None
+    steps = sd.get("per_step_accepted"), sd.get("per_step_drafted")
+    if sd.get("num_spec_steps", 0) and not all(isinstance(s, list) for s in steps):
+        return None  # "summary" level: no per-step arrays
+    return sd
+
+
 @dataclass
 class Requests:
-    """One run's requests on one set of servers; ``engine_seconds`` sums their wall times."""
+    """One run's requests on one set of servers."""
 
     client: httpx.AsyncClient
     urls: dict[str, str]
@@ -51,7 +72,9 @@ class Requests:
     progress: Progress | None = None
     total: int = 0
     done: int = 0
-    engine_seconds: float = 0.0
+    engine_seconds: float = 0.0  # wall time with requests in flight, summed over phases
+    phases: dict[str, dict] = field(default_factory=dict)  # side -> how it was measured
+    stopped: bool = False  # a request failed: what arrives after it is not recorded
 
     async def scrape(self, role: str) -> metrics.SpecCounters:
         r = await self.client.get(f"{self.urls[role]}/metrics")
@@ -64,43 +87,113 @@ class Requests:
         r.raise_for_status()
         return r.json()
 
-    def tick(self, phase: str) -> None:
+    def record(self, side: str, row: dict, values: dict) -> None:
+        """Keep one request's measurement and count it done (nothing once a request failed:
+        a failed run keeps exactly what was measured before the failure)."""
+        if self.stopped:
+            return
+        spec = values.get(f"{side}_spec")
+        if spec is not None and side not in values:
+            values[side] = metrics.counts_from_steps(spec)
+        row.update(values)
         self.done += 1
         if self.progress:
-            self.progress(phase, self.done, self.total)
+            self.progress(side, self.done, self.total)
 
-    async def baseline(self, p: Prompt, row: dict) -> None:
-        before = await self.scrape("baseline")
+    async def baseline(self, p: Prompt) -> dict:
         t = time.monotonic()
         resp = await self.complete("baseline", {**request_body(self.cfg), "prompt": p.token_ids},
                                    f"{self.tag}-base-{p.id}")
-        row["baseline_seconds"] = time.monotonic() - t
-        self.engine_seconds += row["baseline_seconds"]
-        row["baseline"] = (await self.scrape("baseline") - before).summary()
-        row["baseline_tokens"] = resp["choices"][0]["token_ids"]
-        self.tick("baseline")
+        return {"baseline_seconds": time.monotonic() - t,
+                "baseline_tokens": resp["choices"][0]["token_ids"],
+                "baseline_spec": spec_metrics(resp)}
 
-    async def pd(self, p: Prompt, row: dict) -> None:
+    async def pd(self, p: Prompt) -> dict:
         body = {**request_body(self.cfg), "prompt": p.token_ids}
-        if p.prime_d:  # D computes the prompt itself first and caches its blocks
-            await self.complete("d", {**body, "max_tokens": 1}, f"{self.tag}-prime-{p.id}")
-        before = await self.scrape("d")
-        t = time.monotonic()
+        t, legs = time.monotonic(), {}
         p_resp, d_resp = await pd_complete(self.client, self.urls["p"], self.urls["d"], body,
-                                           f"{self.tag}-pd-{p.id}")
-        row["pd_seconds"] = time.monotonic() - t
-        self.engine_seconds += row["pd_seconds"]
-        row["pd"] = (await self.scrape("d") - before).summary()
-        row["pd_tokens"] = d_resp["choices"][0]["token_ids"]
+                                           f"{self.tag}-pd-{p.id}", timings=legs)
         params = p_resp.get("kv_transfer_params") or {}
-        row["p_handed_blocks"] = handed_blocks(params.get("remote_block_ids"))
-        row["p_remote_num_tokens"] = params.get("remote_num_tokens")
-        self.tick("pd")
+        return {"pd_seconds": time.monotonic() - t, "p_seconds": legs["p"],
+                "d_seconds": legs["d"],
+                "pd_tokens": d_resp["choices"][0]["token_ids"],
+                "pd_spec": spec_metrics(d_resp), "p_spec": spec_metrics(p_resp),
+                "p_handed_blocks": handed_blocks(params.get("remote_block_ids")),
+                "p_remote_num_tokens": params.get("remote_num_tokens")}
+
+    async def prime(self, prompts: list[Prompt]) -> None:
+        """D computes these prompts itself first and caches their blocks, so the PD request
+        then loads only the tail from P (the ``lastblock`` set)."""
+        body = {**request_body(self.cfg), "max_tokens": 1}
+        await self.gather([lambda p=p: self.complete("d", {**body, "prompt": p.token_ids},
+                                                     f"{self.tag}-prime-{p.id}")
+                           for p in prompts])
+
+    async def gather(self, sends: list[Callable[[], Awaitable[Any]]]) -> None:
+        """Every send, at most ``cfg.concurrency`` in flight."""
+        gate = asyncio.Semaphore(self.cfg.concurrency)
+
+        async def limited(send):
+            async with gate:
+                try:
+                    await send()
+                except BaseException:
+                    self.stopped = True
+                    raise
+
+        tasks = [asyncio.ensure_future(limited(s)) for s in sends]
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # the first failure cancels the requests still in flight
+            for t in tasks:
+                t.cancel()
+
+    async def phase(self, side: str, prompts: list[Prompt], rows: list[dict]) -> None:
+        """One side's requests. The first goes alone, between two scrapes: if its response has
+        no per-request metrics, the rest go one at a time between scrapes too."""
+        send = self.baseline if side == "baseline" else self.pd
+        role = SIDE_SERVERS[side][0]
+        t0 = time.monotonic()
+        before = {r: await self.scrape(r) for r in SIDE_SERVERS[side]}
+        first = await send(prompts[0])
+        per_request = first.get(f"{side}_spec") is not None
+        self.phases[side] = {"source": "per-request" if per_request else "metrics-scrape",
+                             "concurrency": self.cfg.concurrency if per_request else 1,
+                             "servers": {}}  # each server's /metrics delta, once measured
+        if not per_request:
+            first[side] = (await self.scrape(role) - before[role]).summary()
+            self.record(side, rows[0], first)
+            await self._sequential(side, send, prompts[1:], rows[1:])
+        else:
+            self.record(side, rows[0], first)
+
+            async def one(p: Prompt, row: dict) -> None:
+                self.record(side, row, await send(p))
+
+            await self.gather([lambda p=p, row=row: one(p, row)
+                               for p, row in zip(prompts[1:], rows[1:], strict=True)])
+            await self._crosscheck(side, rows, before)
+        self.engine_seconds += time.monotonic() - t0
+
+    async def _sequential(self, side, send, prompts, rows) -> None:
+        role = SIDE_SERVERS[side][0]
+        for p, row in zip(prompts, rows, strict=True):
+            b = await self.scrape(role)
+            values = await send(p)
+            values[side] = (await self.scrape(role) - b).summary()
+            self.record(side, row, values)
+
+    async def _crosscheck(self, side: str, rows: list[dict], before: dict) -> None:
+        """Each server's ``/metrics`` delta over the phase, for ``results.crosscheck`` to
+        compare with the per-request sums."""
+        for role in SIDE_SERVERS[side]:
+            delta = (await self.scrape(role) - before[role]).summary()
+            self.phases[side]["servers"][role] = {"metrics_delta": delta}
 
 
 async def measure(req: Requests, prompts: list[Prompt], rows: list[dict],
                   cache: BaselineCache | None, notes: list[str]) -> None:
-    """The baseline (or its cached rows), then PD, one request at a time, into ``rows``."""
+    """The baseline (or its cached rows), then PD, into ``rows``."""
     cfg = req.cfg
     req.total = len(prompts) * (int(cfg.run_baseline) + int(cfg.run_pd))
     token_ids = [p.token_ids for p in prompts]
@@ -108,17 +201,17 @@ async def measure(req: Requests, prompts: list[Prompt], rows: list[dict],
     if cached is not None:
         for row, c in zip(rows, cached["rows"], strict=True):
             row.update(c)
+        req.phases["baseline"] = {**cached.get("phase", {}), "cached": cached["measured_at"]}
         notes.append(f"baseline reused from {cached['measured_at']} (same baseline server "
                      "shape, prompts and max_tokens)")
         req.done += len(prompts)
     elif cfg.run_baseline:
-        for p, row in zip(prompts, rows, strict=True):
-            await req.baseline(p, row)
+        await req.phase("baseline", prompts, rows)
         if cache is not None:
-            cache.store(cfg, token_ids, rows)
+            cache.store(cfg, token_ids, rows, req.phases["baseline"])
     if cfg.run_pd:
-        for p, row in zip(prompts, rows, strict=True):
-            await req.pd(p, row)
+        await req.prime([p for p in prompts if p.prime_d])
+        await req.phase("pd", prompts, rows)
 
 
 def run_coro(coro):

@@ -49,7 +49,8 @@ class SpecCounters:
         """The counters back from a ``summary()`` (a request row's stored deltas)."""
         return cls(num_drafts=s["num_drafts"], num_draft_tokens=s["num_draft_tokens"],
                    num_accepted=s["num_accepted"], accepted_per_pos=list(s["accepted_per_pos"]),
-                   prefix_queries=s["prefix_cache_queries"], prefix_hits=s["prefix_cache_hits"])
+                   prefix_queries=s.get("prefix_cache_queries") or 0,
+                   prefix_hits=s.get("prefix_cache_hits") or 0)
 
     def __sub__(self, before: SpecCounters) -> SpecCounters:
         return self._combine(before, lambda x, y: x - y)
@@ -121,3 +122,35 @@ def total(summaries: list[dict]) -> SpecCounters:
     for s in summaries:
         out = out + SpecCounters.from_summary(s)
     return out
+
+
+def counts_from_steps(sd: dict) -> dict:
+    """One request's counters from its response's ``metrics.speculative_decoding``, the way
+    ``/metrics`` counts them (``SpecDecodingStats.observe_draft`` in
+    ``vllm/v1/spec_decode/metrics.py``): one draft per verify step, and position i accepted
+    in a step when that step accepted more than i tokens. Prefix-cache counters are not per
+    request (None here; a run reports them from the ``/metrics`` delta)."""
+    accepted = sd.get("per_step_accepted") or []
+    drafted = sd.get("per_step_drafted") or []
+    c = SpecCounters(num_drafts=len(drafted), num_draft_tokens=sum(drafted),
+                     num_accepted=sum(accepted),
+                     accepted_per_pos=[sum(1 for a in accepted if a > i)
+                                       for i in range(int(sd["num_spec_tokens"]))])
+    out = c.summary()
+    out["prefix_cache_queries"] = out["prefix_cache_hits"] = None
+    return out
+
+
+def mismatch(summaries: list[dict], delta: dict) -> int:
+    """The largest absolute count difference between the sum of several requests' counters
+    and a server's ``/metrics`` delta (drafts, draft tokens, accepted, accepted per position)."""
+    total_ = total(summaries)
+    d = SpecCounters.from_summary(delta)
+    n = max(len(total_.accepted_per_pos), len(d.accepted_per_pos))
+    pad = [0.0] * n
+    diffs = [abs(getattr(total_, k) - getattr(d, k))
+             for k in ("num_drafts", "num_draft_tokens", "num_accepted")]
+    diffs += [abs(a - b) for a, b in zip((total_.accepted_per_pos + pad)[:n],
+                                         (d.accepted_per_pos + pad)[:n], strict=True)]
+    return int(max(diffs))
+

@@ -8,6 +8,7 @@ id.
 from __future__ import annotations
 
 import copy
+import time
 import uuid
 from typing import Any
 
@@ -51,13 +52,20 @@ async def pd_complete(
     body: dict[str, Any],
     request_id: str | None = None,
     endpoint: str = "/v1/completions",
+    timings: dict[str, float] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run one request through P then D; return (P's response, D's response)."""
+    """Run one request through P then D; return (P's response, D's response). ``timings``,
+    when given, gets each leg's seconds (``"p"``: P's prefill, ``"d"``: D's KV load and
+    decode)."""
     rid = request_id or f"wb-{uuid.uuid4().hex}"
     headers = {"X-Request-Id": rid}
+    t0 = time.monotonic()
     r = await client.post(f"{p_url}{endpoint}", json=prefill_request(body), headers=headers)
     r.raise_for_status()
     p_resp = r.json()
+    t1 = time.monotonic()
     r = await client.post(f"{d_url}{endpoint}", json=decode_request(body, p_resp), headers=headers)
     r.raise_for_status()
+    if timings is not None:
+        timings.update(p=t1 - t0, d=time.monotonic() - t1)
     return p_resp, r.json()

@@ -7,9 +7,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from . import metrics, profiles
+from . import metrics, profiles, stats
 from .knobs import spec as knob_spec
 from .provenance import atomic_write_json
 
@@ -39,6 +40,14 @@ class Result:
     notes: list[str] = field(default_factory=list)
     complete: bool = True
     error: str | None = None
+    # How the counts were measured: "source" ("per-request" or "metrics-scrape"),
+    # "concurrency", "crosscheck" / "crosscheck_mismatch" (per-request sums against each
+    # server's /metrics delta), and per side the phase record (``measure.Requests.phases``).
+    measurement: dict[str, Any] = field(default_factory=dict)
+    # PD minus the baseline, paired by request: "per_position_diff", "per_position_diff_ci95",
+    # "verdict" (within / outside / inconclusive against vLLM's 5% tolerance), on vLLM's raw
+    # rates, and the same under "without_extra_drafts" (D's padded first step removed).
+    effect: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +97,9 @@ class Result:
         meta = {f"knob_{k}": v for k, v in knobs_in_force(self.knobs).items()}
         meta.update({
             "prompt_set": self.prompt_set, "num_prompts": self.num_prompts,
+            "concurrency": self.measurement.get("concurrency", 1),
+            "measurement_source": self.measurement.get("source", "metrics-scrape"),
+            "crosscheck": self.measurement.get("crosscheck"),
             "k_p": self.config.get("k_p"), "k_d": self.config.get("k_d"),
             "vllm_version": self.vllm_version, "git_commit": self.git_commit,
             "created": self.created, "wall_seconds": self.wall_seconds,
@@ -108,13 +120,41 @@ class Result:
                 row[f"{side}_pos{i}"] = r
             for i, r in enumerate(s.get("per_position_without_extra_drafts") or []):
                 row[f"{side}_pos{i}_without_extra_drafts"] = r
+            _interval_columns(row, side, s)
             # A profile with reference figures (gpu: vLLM's test) gets pass/fail next to them.
             expected = profiles.get(self.config.get("profile", "cpu")).expected
             if expected:
                 check = profiles.check_expected(s, expected)
                 row[f"{side}_vs_expected"] = "pass" if check["pass"] else "fail"
                 row[f"{side}_rel_err_acceptance_length"] = check["rel_err_acceptance_length"]
+        _effect_columns(row, self.effect)
         return row
+
+
+def _interval_columns(row: dict, side: str, s: dict) -> None:
+    """``{side}_pos{i}_ci95_low/high`` and ``{side}_acceptance_length_ci95_low/high``."""
+    for i, ci in enumerate(s.get("per_position_ci95") or []):
+        row[f"{side}_pos{i}_ci95_low"], row[f"{side}_pos{i}_ci95_high"] = ci or (None, None)
+    ci = s.get("acceptance_length_ci95")
+    if "acceptance_length_ci95" in s:
+        low, high = ci or (None, None)
+        row[f"{side}_acceptance_length_ci95_low"] = low
+        row[f"{side}_acceptance_length_ci95_high"] = high
+
+
+def _effect_columns(row: dict, effect: dict | None) -> None:
+    """``effect_pos{i}_diff``, ``..._ci95_low/high``, ``..._verdict`` (raw rates), and the
+    same with ``effect_without_extra_drafts_`` for the rates without D's extra drafts."""
+    if not effect:
+        return
+    for prefix, part in (("effect", effect), ("effect_without_extra_drafts",
+                                              effect.get("without_extra_drafts") or {})):
+        cis = part.get("per_position_diff_ci95") or []
+        for i, diff in enumerate(part.get("per_position_diff") or []):
+            row[f"{prefix}_pos{i}_diff"] = diff
+            row[f"{prefix}_pos{i}_diff_ci95_low"], row[f"{prefix}_pos{i}_diff_ci95_high"] = (
+                cis[i] if i < len(cis) and cis[i] else (None, None))
+            row[f"{prefix}_pos{i}_verdict"] = part["verdict"][i]
 
 
 def knobs_in_force(knobs: dict[str, Any]) -> dict[str, str]:
@@ -141,16 +181,21 @@ def first_diff(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+BOOTSTRAP_SEED = 0  # fixed: the same result.json gives the same intervals
+PER_REQUEST = {"baseline": "baseline", "d": "pd", "p": "p_spec"}  # server -> its row counts
+
+
 def aggregate(result: Result, rows: list[dict]) -> None:
-    """Sum the request rows into the result's sides, and compare PD's tokens with the
-    baseline's request by request."""
+    """Sum the request rows into the result's sides (with bootstrap intervals), check them
+    against the servers' ``/metrics`` deltas, and compare PD with the baseline request by
+    request."""
+    crosscheck(result)
     for side in ("baseline", "pd"):
-        have = [r[side] for r in rows if side in r]
+        have = [r for r in rows if side in r]
         if have:
-            summary = metrics.total(have).summary()
-            summary["num_requests"] = len(have)
-            setattr(result, side, summary)
-    both = [r for r in rows if "pd_tokens" in r and "baseline_tokens" in r]
+            setattr(result, side, side_summary(have, side, result.measurement))
+    both = [r for r in rows if "pd_tokens" in r and "baseline_tokens" in r
+            and "pd" in r and "baseline" in r]
     for r in both:
         d = first_diff(r["pd_tokens"], r["baseline_tokens"])
         r["agree"], r["first_diff"] = d is None, d
@@ -158,6 +203,80 @@ def aggregate(result: Result, rows: list[dict]) -> None:
     if both:
         result.token_agreement = sum(r["agree"] for r in both) / len(both)
         add_extra_drafts(result, both)
+        result.effect = effect(both)
+
+
+def side_summary(rows: list[dict], side: str, measurement: dict) -> dict:
+    """One side's counters summed over its requests, with 95% intervals; prefix-cache
+    counters from the ``/metrics`` delta when the counts came from the responses."""
+    summary = metrics.total([r[side] for r in rows]).summary()
+    summary["num_requests"] = len(rows)
+    phase = (measurement.get("sides") or {}).get(side) or {}
+    if phase.get("source") == "per-request":
+        delta = phase["servers"][{"pd": "d"}.get(side, side)]["metrics_delta"]
+        for k in ("prefix_cache_queries", "prefix_cache_hits"):
+            summary[k] = delta[k]
+    summary.update(stats.side_intervals(*_arrays(rows, side), seed=BOOTSTRAP_SEED))
+    return summary
+
+
+def _arrays(rows: list[dict], side: str, minus: list[int] | None = None):
+    """(drafts, accepted per position, accepted) arrays of one side, one row per request."""
+    drafts = np.array([r[side]["num_drafts"] for r in rows], dtype=float)
+    if minus is not None:
+        drafts = drafts - np.array(minus, dtype=float)
+    per_pos = np.array([r[side]["accepted_per_pos"] for r in rows], dtype=float)
+    return drafts, per_pos, np.array([r[side]["num_accepted"] for r in rows], dtype=float)
+
+
+def effect(both: list[dict]) -> dict[str, Any]:
+    """PD minus the baseline per position, paired by request, with intervals and verdicts;
+    on vLLM's raw rates and without D's extra drafts (its padded first step)."""
+    base_d, base_a, _ = _arrays(both, "baseline")
+    base_rates = metrics.total([r["baseline"] for r in both]).summary()["per_position"]
+    out: dict[str, Any] = {}
+    for name, minus in (("raw", None), ("without_extra_drafts",
+                                         [r["extra_pd_drafts"] for r in both])):
+        pd_d, pd_a, _ = _arrays(both, "pd", minus)
+        diff, ci = stats.paired_diff(pd_d, pd_a, base_d, base_a, seed=BOOTSTRAP_SEED)
+        part = {"per_position_diff": diff, "per_position_diff_ci95": ci,
+                "verdict": stats.verdict(ci, base_rates)}
+        if name == "raw":
+            out.update(part)
+        else:
+            out[name] = part
+    return out
+
+
+def crosscheck(result: Result) -> None:
+    """Per-request sums against each server's ``/metrics`` delta, per side measured from the
+    responses: ``crosscheck`` is True when every count matches on every server."""
+    m = result.measurement
+    worst, checked = 0, False
+    for side, phase in (m.get("sides") or {}).items():
+        if phase.get("source") != "per-request":
+            continue
+        rows = [r for r in result.requests if side in r]
+        for role, srv in phase["servers"].items():
+            srv["mismatch"] = metrics.mismatch(_server_counts(rows, role), srv["metrics_delta"])
+            worst, checked = max(worst, srv["mismatch"]), True
+    sources = {p.get("source") for p in (m.get("sides") or {}).values()}
+    m["source"] = "per-request" if sources == {"per-request"} else "metrics-scrape"
+    scraped = [s for s, p in (m.get("sides") or {}).items() if p.get("source") != "per-request"]
+    if scraped and not any("one at a time" in n for n in result.notes):
+        result.notes.append(
+            f"{' and '.join(scraped)}: the server's responses carry no per-request spec-decode "
+            "metrics (started without --per-request-spec-decode-metrics detailed), so those "
+            "requests went one at a time with a /metrics scrape before and after each")
+    m["crosscheck"] = (worst == 0) if checked else None
+    m["crosscheck_mismatch"] = worst if checked else None
+
+
+def _server_counts(rows: list[dict], role: str) -> list[dict]:
+    key = PER_REQUEST[role]
+    if role != "p":
+        return [r[key] for r in rows]
+    return [metrics.counts_from_steps(r[key]) for r in rows if r.get(key)]
 
 
 def add_extra_drafts(result: Result, both: list[dict]) -> None:

@@ -77,6 +77,8 @@ class ServerSpec:
     restart_knobs: dict[str, str] = field(default_factory=dict)  # restart-time knob values
     side_channel_port: int | None = None
     nixl_progress_delay_us: int = 0
+    # --per-request-spec-decode-metrics detailed: each response carries its own counts
+    per_request_metrics: bool = True
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -113,6 +115,8 @@ class ServerSpec:
             "--seed", str(self.seed),
             "--speculative-config", json.dumps(spec_cfg),
         ]
+        if self.per_request_metrics:  # each response carries its own counts (measure.py)
+            cmd += ["--per-request-spec-decode-metrics", "detailed"]
         if self.device == "cpu":
             cmd += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
         elif self.gpu_memory_utilization is not None:

@@ -151,6 +151,10 @@ def run_controls(base: ExperimentConfig, attached: bool) -> dict[str, Any]:
         "max_tokens": w.BoundedIntText(value=base.max_tokens, min=1, max=4096,
                                        description="max tokens", **small),
         "repeats": w.BoundedIntText(value=1, min=1, max=20, description="repeats", **small),
+        "concurrency": w.BoundedIntText(value=base.concurrency, min=1, max=256,
+                                        description="in flight",
+                                        tooltip="requests in flight on each side (1: one at "
+                                        "a time)", **small),
         "reuse_baseline": w.Checkbox(value=True, description="reuse baseline", indent=False,
                                      tooltip="measure the baseline once per server shape, "
                                      "prompts and max_tokens (off: measure it every run)"),
@@ -228,7 +232,7 @@ class KnobExplorer:
         panel = w.VBox([
             header, knob_grid,
             w.HBox([c["k_p"], c["k_d"], c["prompt_set"], c["num_prompts"]]),
-            w.HBox([c["max_tokens"], c["repeats"], c["reuse_baseline"]]),
+            w.HBox([c["max_tokens"], c["concurrency"], c["repeats"], c["reuse_baseline"]]),
             w.HBox([self.run_button, self.progress]),
             self.status, self.notes, self.plot, self.table_html,
             w.HBox([self.export_button, self.export_dir, self.clear_button]),
@@ -263,7 +267,8 @@ class KnobExplorer:
         label = f"#{len(self.history) + 1} " + (", ".join(changed) or "all fixes in place")
         cfg = replace(self.base, k_p=int(c["k_p"].value), k_d=int(c["k_d"].value),
                       prompt_set=c["prompt_set"].value, num_prompts=int(c["num_prompts"].value),
-                      max_tokens=int(c["max_tokens"].value), knobs=knobs, label=label)
+                      max_tokens=int(c["max_tokens"].value),
+                      concurrency=int(c["concurrency"].value), knobs=knobs, label=label)
         cfg.validate()
         return cfg
 

@@ -83,10 +83,12 @@ def test_knobs_travel_over_http_when_no_file_is_shared(remote, tiny_pair):
 
 @pytest.fixture(scope="module")
 def plain_server(tiny_pair, tmp_path_factory):
-    """A vLLM server without the plugin (VLLM_PLUGINS names none of ours), dev mode on."""
+    """A vLLM server as a user might start it: without the plugin (VLLM_PLUGINS names none of
+    ours) and without per-request spec-decode metrics; dev mode on."""
     spec = servers.ServerSpec(role="baseline", target=tiny_pair[0], drafter=tiny_pair[1],
                               num_speculative_tokens=3, log_dir=tmp_path_factory.mktemp("plain"),
-                              cpus="1", extra_env={"VLLM_PLUGINS": "none"})
+                              cpus="1", extra_env={"VLLM_PLUGINS": "none"},
+                              per_request_metrics=False)
     with servers.VllmServer(spec) as server:
         server.wait_ready(300)
         yield server
@@ -100,8 +102,14 @@ def test_attach_to_a_server_without_the_plugin_says_so(plain_server, tiny_pair):
     with Session.attach({"baseline": plain_server.url}) as s:
         assert not s.knobs_over_http
         assert "plugin is not loaded" in s.knobs_channel_problem, s.knobs_channel_problem
-        r = s.run(cfg)  # defaults: vLLM untouched, runs without the channel
+        r = s.run(replace(cfg, num_prompts=3))  # defaults: vLLM untouched, no channel
         assert r.baseline["num_drafts"] > 0
+        # No per-request metrics in its responses: one request at a time between scrapes.
+        assert r.measurement["source"] == "metrics-scrape"
+        assert r.measurement["sides"]["baseline"]["concurrency"] == 1
+        assert r.measurement["crosscheck"] is None
+        assert any("one at a time" in n for n in r.notes), r.notes
+        assert sum(q["baseline"]["num_drafts"] for q in r.requests) == r.baseline["num_drafts"]
         assert r.knobs["baseline"]["finalize"].startswith("unknown")
         with pytest.raises(ConfigError, match="plugin is not loaded"):
             s.run(replace(cfg, knobs={"blocks": "zeroed"}))

@@ -114,8 +114,11 @@ def test_warmup_dirty_source_writes_nothing_and_says_what_blocks_held(pd_session
 @pytest.fixture(scope="module")
 def staged(pd_session, base_cfg):
     """transfer=host-staged needs a restart (the staging buffer is registered with NIXL at
-    start-up); run its three settings on one restarted server set."""
-    cfg = knobs(replace(base_cfg, num_prompts=12, max_tokens=32), transfer="host-staged")
+    start-up); run its three settings on one restarted server set. One request at a time:
+    these tests pin the mechanism in the order vLLM ran it; under load the eager setting's
+    damage also depends on the other requests in flight (README, "How a run is measured")."""
+    cfg = knobs(replace(base_cfg, num_prompts=12, max_tokens=32, concurrency=1),
+                transfer="host-staged")
     runs = {
         name: pd_session.run(knobs(cfg, **kv))
         for name, kv in {

@@ -33,11 +33,31 @@ WARMUP_GPU = (
     "let it run).")
 
 
+BATCH_DEPENDENT = (
+    "concurrency {n}: with this setting the outputs depend on the other requests in flight, so "
+    "they differ from a run at concurrency 1 (README, 'How a run is measured'). The legacy "
+    "hand-off makes D read a block never written for the request, and what it holds depends "
+    "on which blocks the scheduler handed out (measured on the CPU, lastblock set: 32 of 32 "
+    "requests' PD tokens differed between concurrency 1 and 32; which requests agree with the "
+    "baseline did not change). Host staging on the CPU lost one request's tokens in 32 at 32 in "
+    "flight, with deferred as with eager finalize, and none one at a time: its token agreement "
+    "is exact only at concurrency 1. Use concurrency=1 for the sequential figures.")
+
+
+def batch_dependent(k: dict[str, str]) -> bool:
+    """Whether these knobs make a run's outputs depend on the other requests in flight
+    (measured; every fix in place with direct transfer they do not)."""
+    legacy = k["block_handoff"] == "legacy" and k["prefill_lookahead"] != "0"
+    return legacy or k["transfer"] == "host-staged"
+
+
 def knob_notes(knobs: dict[str, str], *, device: str, prompt_set: str,
-               enforce_eager: bool) -> list[str]:
+               enforce_eager: bool, concurrency: int = 1) -> list[str]:
     """Notes for the knob values ``knobs`` on ``device`` ("cpu" or "cuda")."""
     k = knobs
     notes = []
+    if concurrency > 1 and batch_dependent(k):
+        notes.append(BATCH_DEPENDENT.format(n=concurrency))
     if k["finalize"] == "eager" and k["transfer"] == "direct":
         notes.append(EAGER_DIRECT_CPU if device == "cpu" else EAGER_DIRECT_GPU)
     if k["block_handoff"] == "legacy" and k["prefill_lookahead"] == "0":

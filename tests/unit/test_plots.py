@@ -1,0 +1,237 @@
+"""Figures from synthetic results: intervals as whiskers when a result has them, figures still
+made when it has none (older result.json), and values of 0 / no data visible as such."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from types import SimpleNamespace
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.container import ErrorbarContainer
+
+from workbench import plots
+from workbench.results import Result
+
+EXTS = ("png", "svg", "pdf")
+
+
+def side(rates, ci=None, drafts=100) -> dict:
+    s = {"per_position": list(rates), "conditional": list(rates), "acceptance_length": 1.5,
+         "num_drafts": drafts, "accepted_per_pos": [round(r * drafts) for r in rates]}
+    if ci is not None:
+        s["per_position_ci95"] = ci
+    return s
+
+
+def row(affected: bool, accepted0: int, agree: bool) -> dict:
+    return {"affected": affected, "agree": agree,
+            "pd": {"num_drafts": 10, "accepted_per_pos": [accepted0, 0]},
+            "baseline": {"num_drafts": 10, "accepted_per_pos": [8, 0]}}
+
+
+def result(name: str, pd, baseline, agreement, rows) -> Result:
+    return Result(config={"label": name}, command="test", vllm_version="0.0", git_commit="x",
+                  created="2025-01-01T00:00:00", prompt_set="synthetic", num_prompts=len(rows),
+                  wall_seconds=1.0, engine_seconds=1.0, knobs={}, pd=pd, baseline=baseline,
+                  token_agreement=agreement, requests=rows)
+
+
+@pytest.fixture
+def with_ci() -> Result:
+    return result("with ci", side([0.8, 0.5], [[0.75, 0.85], [0.45, 0.56]]),
+                  side([0.8, 0.52], [[0.76, 0.84], [0.47, 0.57]]), 1.0,
+                  [row(False, 8, True), row(True, 8, True)])
+
+
+@pytest.fixture
+def legacy() -> Result:
+    """The legacy hand-off: affected requests disagree (agreement 0) and accept nothing."""
+    return result("legacy", side([0.4, 0.3]), side([0.8, 0.5]), 0.0,
+                  [row(False, 8, False), row(True, 0, False)])
+
+
+@pytest.fixture
+def poisoned() -> Result:
+    """Acceptance 0.001 at position 0, no affected requests at all (no data: NaN)."""
+    return result("poisoned", side([0.001, 0.0]), side([0.8, 0.5]), 0.5,
+                  [row(False, 0, True), row(False, 0, False)])
+
+
+@pytest.fixture
+def figures(monkeypatch) -> dict:
+    """Each figure's Figure by stem, caught in place of plots.save (nothing is written: the
+    tests without this fixture check the files)."""
+    caught = {}
+
+    def spy(fig, out_dir, stem, prov):
+        caught[stem] = fig
+        plt.close(fig)
+        return []
+
+    monkeypatch.setattr(plots, "save", spy)
+    return caught
+
+
+def texts(ax) -> list[str]:
+    return [t.get_text() for t in ax.texts]
+
+
+def whiskers(ax) -> list[np.ndarray]:
+    """The y-extent (low, high) of every drawn whisker in an Axes (a NaN one draws nothing)."""
+    out = []
+    for c in ax.containers:  # a bar's whiskers are an ErrorbarContainer of their own too
+        if isinstance(c, ErrorbarContainer) and c.has_yerr:
+            for coll in c.lines[2]:
+                out += [np.array([s[0][1], s[-1][1]]) for s in coll.get_segments() if len(s)]
+    return out
+
+
+def test_all_figures_writes_every_stem_with_and_without_intervals(tmp_path, with_ci, legacy,
+                                                                  poisoned):
+    paths = plots.all_figures([with_ci, legacy, poisoned], tmp_path)
+    for stem in ("per_position", "relative_error", "affected_split", "token_agreement"):
+        for ext in EXTS:
+            assert (tmp_path / f"{stem}.{ext}").stat().st_size > 0
+    assert len(paths) == 4 * len(EXTS)
+    old = plots.all_figures([legacy, poisoned], tmp_path / "old")  # no CI keys at all
+    assert len(old) == 4 * len(EXTS) and all(p.exists() for p in old)
+
+
+def test_per_position_draws_the_intervals_as_whiskers(tmp_path, figures, with_ci, legacy):
+    plots.per_position([with_ci, legacy], tmp_path)
+    (ax,) = figures["per_position"].axes
+    drawn = sorted(tuple(np.round(w, 6)) for w in whiskers(ax))
+    # PD's bars and the baseline's markers, from [low, high]; the legacy run has none.
+    assert drawn == sorted([(0.75, 0.85), (0.45, 0.56), (0.76, 0.84), (0.47, 0.57)])
+    assert "95%" in ax.get_title()
+
+
+def test_per_position_without_intervals_has_no_whiskers(tmp_path, figures, legacy):
+    plots.per_position([legacy], tmp_path)
+    (ax,) = figures["per_position"].axes
+    assert whiskers(ax) == [] and "95%" not in ax.get_title()
+
+
+def test_relative_error_draws_the_paired_interval_in_percent(tmp_path, figures, with_ci):
+    with_ci.effect = {"per_position_diff": [0.0, -0.02],
+                      "per_position_diff_ci95": [[-0.02, 0.01], [-0.04, 0.0]]}
+    plots.relative_error([with_ci], tmp_path)
+    (ax,) = figures["relative_error"].axes
+    drawn = sorted(tuple(np.round(w, 6)) for w in whiskers(ax))
+    # percent of the baseline's rates 0.8 and 0.52
+    assert drawn == sorted([(100 * -0.02 / 0.8, 100 * 0.01 / 0.8),
+                            (round(100 * -0.04 / 0.52, 6), 0.0)])
+
+
+def test_relative_error_draws_the_interval_without_extra_drafts(tmp_path, figures, with_ci):
+    with_ci.pd["extra_drafts_vs_baseline"] = 2
+    with_ci.pd["per_position_without_extra_drafts"] = [0.8, 0.52]
+    with_ci.effect = {"per_position_diff_ci95": None,
+                      "without_extra_drafts": {"per_position_diff_ci95": [[-0.04, 0.04], None]}}
+    plots.relative_error([with_ci], tmp_path)
+    drawn = [tuple(np.round(w, 6)) for w in whiskers(figures["relative_error"].axes[0])]
+    assert drawn == [(-5.0, 5.0)]  # position 1's interval is undefined: no whisker
+
+
+@pytest.mark.parametrize("drop", [True, False])
+def test_relative_error_without_effect_has_no_whiskers(tmp_path, figures, with_ci, drop):
+    """An older result.json: no ``effect`` (None), or a Result object without the attribute."""
+    with_ci.effect = None
+    old = with_ci
+    if drop:
+        old = SimpleNamespace(**{f.name: getattr(with_ci, f.name) for f in fields(Result)
+                                 if f.name != "effect"})
+    assert getattr(old, "effect", None) is None and hasattr(old, "effect") is not drop
+    plots.relative_error([old], tmp_path)
+    (ax,) = figures["relative_error"].axes
+    assert whiskers(ax) == [] and "95%" not in ax.get_title()
+
+
+def test_zero_and_tiny_values_are_labelled(tmp_path, figures, with_ci, legacy, poisoned):
+    plots.all_figures([with_ci, legacy, poisoned], tmp_path)
+    # per_position: the poisoned run's 0.001 and 0.0, the rest are visible bars
+    assert sorted(texts(figures["per_position"].axes[0])) == ["0", "0.001"]
+    # token agreement 0 for the legacy run
+    assert texts(figures["token_agreement"].axes[0]) == ["0"]
+    acc, agree = figures["affected_split"].axes
+    # legacy: affected requests accept nothing and all disagree; poisoned: 0 acceptance, and
+    # no affected request at all, which is "n/a", not 0
+    assert sorted(texts(acc)) == ["0", "0", "n/a"]
+    assert sorted(texts(agree)) == ["0", "0", "n/a"]
+
+
+def test_value_labels_reach_the_svg(tmp_path, legacy):
+    plots.token_agreement([legacy], tmp_path)
+    assert 'id="value-label-0-0"' in (tmp_path / "token_agreement.svg").read_text()
+
+
+def test_mark_small_tells_zero_tiny_and_missing_apart():
+    fig, ax = plt.subplots()
+    out = plots._mark_small(ax, [0, 1, 2, 3], [0.0, 0.004, np.nan, 0.5])
+    assert [t.get_text() for t in out] == ["0", "0.004", "n/a"]
+    assert out[2].get_style() == "italic" and out[0].get_style() == "normal"
+    plt.close(fig)
+
+
+def test_token_agreement_label_fits_the_axes(tmp_path, figures, with_ci, legacy):
+    plots.token_agreement([with_ci, legacy], tmp_path)
+    fig = figures["token_agreement"]
+    (ax,) = fig.axes
+    canvas = FigureCanvasAgg(fig)  # plots.save closed the figure: draw it again
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    lab = ax.yaxis.label.get_window_extent(renderer)
+    box = ax.get_window_extent(renderer)
+    assert lab.y0 >= box.y0 and lab.y1 <= box.y1
+
+
+def test_spread_uses_intervals_for_one_repeat_and_min_max_for_several(tmp_path, figures,
+                                                                      with_ci, legacy):
+    again = result("legacy", side([0.5, 0.2]), side([0.8, 0.5]), 0.0, legacy.requests)
+    plots.per_position_spread([[with_ci], [legacy, again]], tmp_path)
+    (ax,) = figures["per_position_spread"].axes
+    drawn = sorted(tuple(np.round(w, 6)) for w in whiskers(ax))
+    ci = [(0.75, 0.85), (0.45, 0.56), (0.76, 0.84), (0.47, 0.57)]
+    min_max = [(0.4, 0.5), (0.2, 0.3)]  # the baseline's two repeats are equal: zero whiskers
+    assert drawn == sorted([*ci, *min_max, (0.8, 0.8), (0.5, 0.5)])
+    title = ax.get_title()
+    assert "min-max" in title and "95%" in title
+
+
+def test_spread_writes_its_files_with_and_without_intervals(tmp_path, with_ci, legacy):
+    for i, groups in enumerate(([[with_ci], [legacy, legacy]], [[legacy]])):
+        paths = plots.per_position_spread(groups, tmp_path / str(i))
+        assert [p.name for p in paths] == [f"per_position_spread.{e}" for e in EXTS]
+        assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_spread_without_intervals_has_no_whiskers(tmp_path, figures, legacy):
+    plots.per_position_spread([[legacy]], tmp_path)
+    assert whiskers(figures["per_position_spread"].axes[0]) == []
+
+
+def test_acceptance_against_concurrency_has_a_panel_per_setting_and_a_point_per_level(
+        figures, tmp_path):
+    runs = []
+    for knobs in ({}, {"finalize": "eager"}):
+        for c in (1, 4, 16):
+            r = result(f"c{c}", side([0.6, 0.3], [[0.55, 0.65], [0.25, 0.35]]),
+                       side([0.62, 0.31]), 1.0, [row(False, 6, True)])
+            r.knobs = {"requested": {**knobs}}
+            r.measurement = {"concurrency": c}
+            runs.append(r)
+    plots.all_figures(runs, tmp_path)
+    fig = figures["acceptance_vs_concurrency"]
+    axes = [ax for ax in fig.axes if ax.get_title()]
+    assert sorted(ax.get_title() for ax in axes) == [
+        "all fixes in place (synthetic)", "finalize=eager (synthetic)"]
+    pd_pos0 = [c for c in axes[0].containers if isinstance(c, ErrorbarContainer)][0]
+    assert list(pd_pos0.lines[0].get_xdata()) == [1, 4, 16]
+    assert pd_pos0.has_yerr  # the PD side's intervals are drawn
+    # one concurrency only: no such figure
+    figures.clear()
+    plots.all_figures(runs[:1], tmp_path)
+    assert "acceptance_vs_concurrency" not in figures
