@@ -208,14 +208,15 @@ def aggregate(result: Result, rows: list[dict]) -> None:
 
 def side_summary(rows: list[dict], side: str, measurement: dict) -> dict:
     """One side's counters summed over its requests, with 95% intervals; prefix-cache
-    counters from the ``/metrics`` delta when the counts came from the responses."""
+    counters from the ``/metrics`` delta when the counts came from the responses (None when
+    the side stopped before its delta was read: a failed run)."""
     summary = metrics.total([r[side] for r in rows]).summary()
     summary["num_requests"] = len(rows)
     phase = (measurement.get("sides") or {}).get(side) or {}
     if phase.get("source") == "per-request":
-        delta = phase["servers"][{"pd": "d"}.get(side, side)]["metrics_delta"]
+        server = phase["servers"].get({"pd": "d"}.get(side, side)) or {}
         for k in ("prefix_cache_queries", "prefix_cache_hits"):
-            summary[k] = delta[k]
+            summary[k] = (server.get("metrics_delta") or {}).get(k)
     summary.update(stats.side_intervals(*_arrays(rows, side), seed=BOOTSTRAP_SEED))
     return summary
 

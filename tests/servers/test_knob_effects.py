@@ -80,7 +80,9 @@ def test_stale_blocks_hurt_more_than_zeroed_when_d_loads_only_the_last_block(pd_
         r = pd_session.run(knobs(cfg, block_handoff="legacy", blocks=blocks))
         assert r.knobs["p"]["blocks"] == blocks
         rows = [q for q in r.requests if q["affected"]]
-        assert rows and all(q["pd"]["prefix_cache_hits"] > 0 for q in rows), \
+        # D's local prefix-cache hits are counted per run (/metrics), not per request: at
+        # least one block per request, or D loaded more than the last block.
+        assert rows and r.pd["prefix_cache_hits"] >= len(r.requests) * cfg.block_size, \
             "D did not reuse the primed prefix: it loaded more than the last block"
         first = [q["first_diff"] if q["first_diff"] is not None else cfg.max_tokens for q in rows]
         out[blocks] = {"agree": sum(q["agree"] for q in rows), "first": statistics.mean(first),

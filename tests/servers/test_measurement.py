@@ -48,11 +48,11 @@ def test_d_pads_its_first_step_per_request_visible_in_its_arrays(concurrent):
     """D's response holds one verify step more than the baseline's, at the start, with 0
     accepted: the scheduler's padded first step after the KV load (README)."""
     for q in concurrent.requests:
-        d, b = q["pd_spec"], q["baseline_spec"]
+        # vLLM leaves the arrays out (None) for a request with no verify step at all
+        d = q["pd_spec"]["per_step_accepted"] or []
+        b = q["baseline_spec"]["per_step_accepted"] or []
         assert q["pd_tokens"] == q["baseline_tokens"], q["id"]
-        assert d["per_step_accepted"][0] == 0 and len(d["per_step_accepted"]) == len(
-            b["per_step_accepted"]) + 1, q["id"]
-        assert d["per_step_accepted"][1:] == b["per_step_accepted"], q["id"]
+        assert d[:1] == [0] and d[1:] == b, (q["id"], d, b)
         assert q["extra_pd_drafts"] == 1
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..provenance import atomic_path
 from . import corpus as corpus_mod
 from . import tok as tok_mod
 from .config import TrainConfig
@@ -60,9 +61,8 @@ def _record_corpus(path: Path, c: corpus_mod.Corpus, info: dict) -> None:
 
 def _token_ids(path: Path, c: corpus_mod.Corpus, tk: Any) -> tuple[np.ndarray, np.ndarray]:
     if not path.exists():
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, train=_encode(c, c.train_files, tk), held=_encode(c, c.heldout_files, tk))
-        tmp.replace(path)
+        with atomic_path(path) as tmp, tmp.open("wb") as f:  # a file: savez adds no suffix
+            np.savez(f, train=_encode(c, c.train_files, tk), held=_encode(c, c.heldout_files, tk))
     with np.load(path) as z:
         return z["train"].astype(np.int64), z["held"].astype(np.int64)
 

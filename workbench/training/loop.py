@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ..provenance import atomic_path
+
 WARMUP_STEPS = 100
 DECAY_FRACTION = 0.25
 CHECKPOINT_EVERY_S = 120  # wall seconds between resumable checkpoints
@@ -110,9 +112,8 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float,
 
 def atomic_save(obj: dict, path: Path) -> None:
     """Write then rename, so a run killed mid-save leaves the previous checkpoint whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def load_finished(model: torch.nn.Module, stage: Stage, run: Run) -> dict | None:
