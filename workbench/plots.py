@@ -294,7 +294,7 @@ def acceptance_vs_concurrency(results: Sequence[Result], out_dir,
             _load_panel(ax, rs, name)
         axes[0][0].set_ylabel("per-position acceptance")
         axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-        fig.suptitle("Acceptance under load: PD on D against the baseline" + CI_NOTE)
+        fig.suptitle("Acceptance under load: PD on D against the baseline" + CI_NOTE, y=1.08)
         return save(fig, out_dir, stem, provenance(results))
 
 
