@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from .knobs import spec as knob_spec
 from .results import Result
 
 STYLE = {
@@ -39,14 +40,13 @@ CI_NOTE = "\n(whiskers: 95% bootstrap interval, requests resampled)"
 
 def label(r: Result) -> str:
     """A short name for a run: its grid-point name, else the knobs that differ from defaults."""
-    name = r.config.get("label")
-    if name:
-        return name
-    from .knobs import spec
+    return r.config.get("label") or changed_knobs(r)
 
-    req = r.knobs.get("requested", {})
-    diff = [f"{k}={v}" for k, v in req.items() if v != spec.KNOBS[k].default]
-    return ", ".join(diff) or "all fixes in place"
+
+def changed_knobs(r: Result) -> str:
+    """The knobs a run set away from their defaults, or "all fixes in place"."""
+    changed = knob_spec.changed(r.knobs.get("requested", {}))
+    return ", ".join(f"{k}={v}" for k, v in changed.items()) or "all fixes in place"
 
 
 def provenance(results: Sequence[Result]) -> dict:
@@ -273,11 +273,7 @@ def concurrency(r: Result) -> int:
 
 def setting(r: Result) -> str:
     """A run's knob setting and prompt set, without its concurrency (the load grid's panels)."""
-    from .knobs import spec
-
-    changed = spec.changed(r.knobs.get("requested", {}))
-    return (", ".join(f"{k}={v}" for k, v in changed.items()) or "all fixes in place") + (
-        f" ({r.prompt_set})")
+    return f"{changed_knobs(r)} ({r.prompt_set})"
 
 
 def acceptance_vs_concurrency(results: Sequence[Result], out_dir,
