@@ -36,6 +36,7 @@ drafter = ""  # EAGLE3 drafter directory; empty: data/models/drafter
 config = {}  # any other ExperimentConfig fields, e.g. {"k_d": 2}
 knobs = {"block_handoff": "legacy"}  # the second run's knobs ({} skips the second run)
 knob_prompt_set = "badcase"  # the second run's prompt set; empty: prompt_set
+kv_probe = True  # the second run also captures every KV layer's blocks on P, D and the baseline
 attach = {}  # use running servers instead of starting them (see workbench.widgets.open_session)
 out_dir = "../data/runs/tour"
 
@@ -43,9 +44,10 @@ out_dir = "../data/runs/tour"
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 from IPython.display import display
 
-from workbench import plots
+from workbench import kv_compare, kv_plots, plots
 from workbench.experiment import with_knobs
 from workbench.knobs import spec
 from workbench.widgets import (
@@ -169,7 +171,8 @@ knob_table()
 runs = [fixed]
 if knobs:
     knob_cfg = with_knobs(replace(cfg, prompt_set=knob_prompt_set or cfg.prompt_set), **knobs)
-    knob_cfg = replace(knob_cfg, label=", ".join(f"{k}={v}" for k, v in knobs.items()))
+    knob_cfg = replace(knob_cfg, label=", ".join(f"{k}={v}" for k, v in knobs.items()),
+                       kv_probe=kv_probe)
     knobbed = session.run(knob_cfg, out_dir=out / "knobs")
     runs.append(knobbed)
     print("requested:", knobbed.knobs["requested"])
@@ -187,7 +190,25 @@ if knobs:
                                       "agree", "first_diff"]])
 
 # %% [markdown]
-# ## 4. Done
+# ## 4. Why: what D's KV cache holds (the KV probe)
+#
+# With `kv_probe`, each server's worker reduces every KV layer's blocks of every request (the
+# target's layers and the EAGLE3 drafter's) to one digest per token slot where the KV lives:
+# D just before its first step (after NIXL's load), P and the baseline after the prefill's
+# drafter. The workbench compares D with P (did the transfer move the right bytes?) and with
+# the baseline (is it what a standalone engine computed?), then fetches only the blocks that
+# differ to measure by how much. Under the legacy hand-off, affected requests differ from the
+# baseline from position 0 in every layer, while block for block D holds P's blocks shifted by
+# one: the transfer was faithful, the block mapping was not.
+
+# %%
+if knobs and kv_probe:
+    show_figure(kv_plots.kv_probe(runs, out / "figures"))
+    display(pd.DataFrame(kv_compare.table(knobbed.requests)))
+    print("captures per server:", knobbed.kv_probe_summary["cost"]["captured"])
+
+# %% [markdown]
+# ## 5. Done
 #
 # The results are in `out_dir` (`fixed/result.json`, `knobs/result.json`, `figures/`).
 # The explorer notebook (`explorer.ipynb`) sets every knob from a panel; the sweep

@@ -16,12 +16,16 @@ servers' processes.
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, ExperimentConfig
 from .knobs import channel, http_channel
 from .knobs import spec as knob_spec
+from .provenance import atomic_write_json
 
 ACK_TIMEOUT_S = 180.0
 
@@ -58,6 +62,11 @@ class KnobChannel:
         out["detail"] = merged
         out["channel"] = self.name
         return out
+
+    def kv_probe(self, servers: dict[str, Any], request: dict) -> list[dict]:
+        """A KV probe request (``knobs/kv_probe.serve``) to every worker; their replies."""
+        raise ConfigError(f"the KV probe needs the plugin's knob channel; this session has "
+                          f"{self.name!r}")
 
     def in_force(self, servers: dict[str, Any]) -> dict[str, Any]:
         """Every plugin process's state now (events counted during the last run included)."""
@@ -100,6 +109,29 @@ class FileChannel(KnobChannel):
     def read_states(self, servers: dict[str, Any]) -> list[dict]:
         return channel.read_states(self.state_dir)
 
+    def kv_probe(self, servers: dict[str, Any], request: dict,
+                 timeout: float = ACK_TIMEOUT_S) -> list[dict]:
+        """A request file in the state directory; each worker answers with a file of its own."""
+        workers = {(s["role"], s["pid"]) for s in self.read_states(servers)
+                   if s.get("component") == "worker" and s.get("role") in servers}
+        self._probe_id = getattr(self, "_probe_id", 0) + 1
+        rid = f"{os.getpid()}-{self._probe_id}"
+        req = self.state_dir / f"kvprobe-req-{rid}.json"
+        atomic_write_json(req, {**request, "id": rid, "roles": sorted(servers)})
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                got = sorted(self.state_dir.glob(f"kvprobe-resp-{rid}-*.json"))
+                if len(got) >= len(workers):
+                    return [json.loads(f.read_text()) for f in got]
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"KV probe: {len(got)} of {len(workers)} workers "
+                                       f"answered {req} within {timeout:.0f} s")
+                time.sleep(0.05)
+        finally:
+            for f in [req, *self.state_dir.glob(f"kvprobe-resp-{rid}-*.json")]:
+                f.unlink(missing_ok=True)
+
 
 class HttpChannel(KnobChannel):
     name = "http"
@@ -117,6 +149,12 @@ class HttpChannel(KnobChannel):
 
     def read_states(self, servers: dict[str, Any]) -> list[dict]:
         return [st for role, s in servers.items() for st in http_channel.states(s.url, role)]
+
+    def kv_probe(self, servers: dict[str, Any], request: dict) -> list[dict]:
+        """The worker method ``workbench_kvprobe`` through ``POST /collective_rpc``."""
+        return [{**reply, "role": role} for role, s in servers.items()
+                for reply in http_channel.call(s.url, request,
+                                               method=http_channel.KV_PROBE_METHOD)]
 
 
 class NoChannel(KnobChannel):

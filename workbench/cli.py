@@ -33,6 +33,9 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--concurrency", type=int, help="requests in flight on each side "
                     f"(default {d['concurrency'].default}; 1: one at a time)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the standalone baseline")
+    ap.add_argument("--kv-probe", action="store_true",
+                    help="capture every KV layer's blocks per request on P, D and the baseline "
+                    "and compare them (result.json: requests[].kv_probe, kv_probe_summary)")
     ap.add_argument("--no-enforce-eager", action="store_true",
                     help="drop --enforce-eager (every profile sets it, as vLLM's PD test does): "
                     "graphs compile and Model Runner V2 runs its start-up warm-up")
@@ -65,10 +68,14 @@ def _flag_values(args: argparse.Namespace, data: dict) -> dict:
         data["run_baseline"] = False
     if args.no_enforce_eager:
         data["enforce_eager"] = False
+    if getattr(args, "kv_probe", False):
+        data["kv_probe"] = True
     try:
         data["knobs"] = knob_spec.parse_assignments(args.knob, data.get("knobs", {}))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if data["knobs"].get("kv_probe") == "on":  # the knob's name works too: one switch
+        data["kv_probe"] = True
     return data
 
 

@@ -59,6 +59,9 @@ class ExperimentConfig:
     # Requests in flight on each side at once (each response carries its own spec-decode
     # counts). The README's "How a run is measured" gives the measurement behind the default.
     concurrency: int = 32
+    # Capture every KV layer's blocks per request on P, D and the baseline and compare them
+    # (workbench/knobs/kv_probe.py, workbench/kv_compare.py); carried as the knob kv_probe.
+    kv_probe: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -103,10 +106,13 @@ class ExperimentConfig:
                               "(null: the profile's)")
         if not (self.run_baseline or self.run_pd):
             raise ConfigError("run_baseline and run_pd are both False: nothing to run")
+        if not isinstance(self.kv_probe, bool):
+            raise ConfigError(f"kv_probe={self.kv_probe!r} must be true or false")
         try:
             self.knobs = knob_spec.validate(dict(self.knobs))
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        self.knobs["kv_probe"] = "on" if self.kv_probe else "off"  # the field decides
 
     # Fields that, when different, need different servers.
     SERVER_FIELDS = ("target", "drafter", "profile", "k_p", "k_d", "block_size",

@@ -18,10 +18,11 @@ from typing import Any
 
 import httpx
 
-from . import channels, plan, profiles
+from . import channels, kv_compare, plan, profiles
 from . import prompts as prompt_sets
 from .baseline_cache import BaselineCache
 from .config import ConfigError, ExperimentConfig
+from .knobs.kv_probe import prompt_key
 from .knobs.notes import knob_notes
 from .knobs.release import vllm_version
 from .measure import Progress, Requests, measure, run_coro
@@ -176,7 +177,9 @@ class Session:
             progress("knobs", 0, 1)
         result = self._new_result(cfg, command, len(plist), self.apply_knobs(cfg))
         result.requests = rows = [_row(p, cfg) for p in plist]
-        cache = BaselineCache(self.baseline_cache) if self.baseline_cache else None
+        # The probe needs the baseline's own KV of this run: no cached baseline.
+        cache = (BaselineCache(self.baseline_cache)
+                 if self.baseline_cache and not cfg.kv_probe else None)
         result.measurement = {"concurrency": cfg.concurrency, "sides": {}}
 
         async def requests() -> None:
@@ -192,6 +195,8 @@ class Session:
 
         try:
             run_coro(requests())
+            if cfg.kv_probe:
+                self._probe(result, rows, plist)
         except BaseException as e:
             result.complete, result.error = False, f"{type(e).__name__}: {e}"
             raise
@@ -203,6 +208,14 @@ class Session:
             if out_dir is not None:
                 result.save(out_dir)
         return result
+
+    def _probe(self, result: Result, rows: list[dict], plist: list) -> None:
+        """Each request's KV against P and the baseline (``kv_compare``), and the cost."""
+        probes, cost = kv_compare.collect(lambda req: self.channel.kv_probe(self.servers, req),
+                                          [prompt_key(p.token_ids) for p in plist])
+        for row, pr in zip(rows, probes, strict=True):
+            row["kv_probe"] = pr
+        result.kv_probe_summary = {**kv_compare.summary(rows), "cost": cost}
 
     def _new_result(self, cfg: ExperimentConfig, command: str | None, n: int,
                     states: dict[str, Any]) -> Result:

@@ -6,7 +6,6 @@ fixed SVG hash salt, and PNG text chunks holding only the provenance.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,69 +15,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .knobs import spec as knob_spec
+from . import kv_plots
+from .figstyle import STYLE, label, provenance, save
+from .figstyle import changed_knobs as changed_knobs
 from .results import Result
 
-STYLE = {
-    "figure.dpi": 100,
-    "savefig.dpi": 150,
-    "font.size": 9,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "legend.frameon": False,
-    "svg.hashsalt": "pd-eagle3-workbench",
-    "svg.fonttype": "path",
-    "pdf.fonttype": 42,
-}
 BASELINE_COLOR = "black"
 TOLERANCE = 0.05  # vLLM's PD + spec-decode acceptance test: two-sided 5% relative
 SMALL = 0.01  # a bar below this is too thin to see: it gets its value written on the axis
 CI_NOTE = "\n(whiskers: 95% bootstrap interval, requests resampled)"
-
-
-def label(r: Result) -> str:
-    """A short name for a run: its grid-point name, else the knobs that differ from defaults."""
-    return r.config.get("label") or changed_knobs(r)
-
-
-def changed_knobs(r: Result) -> str:
-    """The knobs a run set away from their defaults, or "all fixes in place"."""
-    changed = knob_spec.changed(r.knobs.get("requested", {}))
-    return ", ".join(f"{k}={v}" for k, v in changed.items()) or "all fixes in place"
-
-
-def provenance(results: Sequence[Result]) -> dict:
-    return {
-        "runs": [
-            {"label": label(r), "knobs_p": r.knobs.get("p"), "knobs_d": r.knobs.get("d"),
-             "prompt_set": r.prompt_set, "num_prompts": r.num_prompts,
-             "created": r.created}
-            for r in results
-        ],
-        "vllm_version": sorted({r.vllm_version for r in results}),
-        "git_commit": sorted({r.git_commit for r in results}),
-    }
-
-
-def save(fig, out_dir: str | Path, stem: str, prov: dict) -> list[Path]:
-    """Write PNG, SVG and PDF with the provenance in each file's metadata."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(prov, sort_keys=True)
-    paths = []
-    for ext, meta in (
-        ("png", {"Title": stem, "Description": text, "Software": "pd-eagle3-workbench"}),
-        ("svg", {"Title": stem, "Description": text, "Date": None, "Creator": None}),
-        ("pdf", {"Title": stem, "Subject": text, "CreationDate": None, "ModDate": None,
-                 "Producer": None, "Creator": "pd-eagle3-workbench"}),
-    ):
-        p = out / f"{stem}.{ext}"
-        fig.savefig(p, format=ext, metadata=meta, bbox_inches="tight")
-        paths.append(p)
-    plt.close(fig)
-    return paths
 
 
 def _positions(results: Sequence[Result]) -> int:
@@ -324,7 +269,7 @@ def all_figures(results: Sequence[Result], out_dir) -> list[Path]:
             out += fn(results, out_dir)
     if len({concurrency(r) for r in results}) > 1:
         out += acceptance_vs_concurrency(results, out_dir)
-    return out
+    return out + kv_plots.kv_probe(results, out_dir)
 
 
 def per_position_spread(groups: Sequence[Sequence[Result]], out_dir,

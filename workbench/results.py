@@ -48,6 +48,9 @@ class Result:
     # "verdict" (within / outside / inconclusive against vLLM's 5% tolerance), on vLLM's raw
     # rates, and the same under "without_extra_drafts" (D's padded first step removed).
     effect: dict[str, Any] | None = None
+    # With kv_probe: per layer group (target, drafter) and reference (vs_p, vs_baseline), the
+    # share of requests whose KV differs, by affected / unaffected; the probe's cost.
+    kv_probe_summary: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,7 +131,16 @@ class Result:
                 row[f"{side}_vs_expected"] = "pass" if check["pass"] else "fail"
                 row[f"{side}_rel_err_acceptance_length"] = check["rel_err_acceptance_length"]
         _effect_columns(row, self.effect)
+        _kv_columns(row, self.kv_probe_summary)
         return row
+
+
+def _kv_columns(row: dict, summary: dict | None) -> None:
+    """``kv_{group}_{ref}_{split}``: the share of requests whose KV on D differs (KV probe)."""
+    for group in ("target", "drafter") if summary else ():
+        for ref, splits in summary[group].items():
+            for split, v in splits.items():
+                row[f"kv_{group}_{ref}_{split}"] = v["share"]
 
 
 def _interval_columns(row: dict, side: str, s: dict) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import paths, plots
+from . import kv_plots, paths, plots
 from . import prompts as prompt_sets
 from .config import ConfigError, ExperimentConfig
 from .history import RunHistory
@@ -120,7 +120,8 @@ def knob_dropdowns(base: ExperimentConfig, attached: bool) -> dict[str, Any]:
     import ipywidgets as w
 
     out = {}
-    for name, k in knob_spec.KNOBS.items():
+    for name in knob_spec.settings():
+        k = knob_spec.KNOBS[name]
         tip = k.where + (f" | restart: {k.why_restart}" if k.restart else "")
         out[name] = w.Dropdown(options=list(k.values), value=base.knobs.get(name, k.default),
                                description=name + (" ↻" if k.restart else ""), tooltip=tip,
@@ -158,6 +159,9 @@ def run_controls(base: ExperimentConfig, attached: bool) -> dict[str, Any]:
         "reuse_baseline": w.Checkbox(value=True, description="reuse baseline", indent=False,
                                      tooltip="measure the baseline once per server shape, "
                                      "prompts and max_tokens (off: measure it every run)"),
+        "kv_probe": w.Checkbox(value=base.kv_probe, description="KV probe", indent=False,
+                               tooltip="capture every KV layer's blocks per request on P, D "
+                               "and the baseline, and show where D's differ"),
     }
 
 
@@ -209,6 +213,8 @@ class KnobExplorer:
         self.status, self.notes, self.log_html = (w.HTML(value="") for _ in range(3))
         self.plot = w.Image(format="png", layout=w.Layout(max_width="820px"))
         self.plot.add_class("wb-plot")
+        self.kv_plot = w.Image(format="png", layout=w.Layout(max_width="820px"))
+        self.kv_plot.add_class("wb-kv-plot")
         # HTML widgets, not Output captures: they update the same way from a kernel, a
         # papermill run or a plain Python process (tests), and render without a kernel.
         self.table_html = w.HTML(value="")
@@ -232,9 +238,10 @@ class KnobExplorer:
         panel = w.VBox([
             header, knob_grid,
             w.HBox([c["k_p"], c["k_d"], c["prompt_set"], c["num_prompts"]]),
-            w.HBox([c["max_tokens"], c["concurrency"], c["repeats"], c["reuse_baseline"]]),
+            w.HBox([c["max_tokens"], c["concurrency"], c["repeats"], c["reuse_baseline"],
+                    c["kv_probe"]]),
             w.HBox([self.run_button, self.progress]),
-            self.status, self.notes, self.plot, self.table_html,
+            self.status, self.notes, self.plot, self.kv_plot, self.table_html,
             w.HBox([self.export_button, self.export_dir, self.clear_button]),
             self.log_html,
         ])
@@ -263,12 +270,13 @@ class KnobExplorer:
         """The ExperimentConfig the controls describe (validated)."""
         c = self.controls
         knobs = knob_spec.validate({n: dd.value for n, dd in self.knob_controls.items()})
-        changed = [f"{n}={v}" for n, v in knob_spec.changed(knobs).items()]
+        changed = [f"{n}={v}" for n, v in knob_spec.changed(knobs, instruments=False).items()]
         label = f"#{len(self.history) + 1} " + (", ".join(changed) or "all fixes in place")
         cfg = replace(self.base, k_p=int(c["k_p"].value), k_d=int(c["k_d"].value),
                       prompt_set=c["prompt_set"].value, num_prompts=int(c["num_prompts"].value),
                       max_tokens=int(c["max_tokens"].value),
-                      concurrency=int(c["concurrency"].value), knobs=knobs, label=label)
+                      concurrency=int(c["concurrency"].value), knobs=knobs, label=label,
+                      kv_probe=bool(c["kv_probe"].value))
         cfg.validate()
         return cfg
 
@@ -371,11 +379,14 @@ class KnobExplorer:
         """Redraw the figure and the table from ``history``."""
         if not self.history:
             self.table_html.value, self.plot.value, self.notes.value = "", b"", ""
-            self.figure_paths = []
+            self.kv_plot.value, self.figure_paths = b"", []
             return
         self.figure_paths = self.runs.figure(self.out_dir / "live")
         png = png_of(self.figure_paths)
         self.plot.value = png.read_bytes() if png else b""
+        kv = png_of(kv_plots.kv_probe([self.history[-1][-1]], self.out_dir / "live"))
+        self.kv_plot.value = kv.read_bytes() if kv else b""
+        self.figure_paths += [] if kv is None else [kv]
         self.table_html.value = self.table().round(4).to_html(index=False, na_rep="")
         notes = self.history[-1][-1].notes
         self.notes.value = "".join(f"<div><b>note:</b> {html.escape(n)}</div>" for n in notes)

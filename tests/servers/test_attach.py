@@ -81,6 +81,23 @@ def test_knobs_travel_over_http_when_no_file_is_shared(remote, tiny_pair):
                           for st in states)
 
 
+def test_kv_probe_over_http(remote, tiny_pair):
+    """The probe's records and differing blocks come back through the worker method
+    ``workbench_kvprobe`` (POST /collective_rpc) when no file is shared."""
+    cfg = ExperimentConfig(target=tiny_pair[0], drafter=tiny_pair[1], prompt_set="badcase",
+                           num_prompts=4, max_tokens=4, kv_probe=True,
+                           knobs={"block_handoff": "legacy"})
+    with Session.attach(remote["urls"]) as s:
+        assert s.knobs_over_http, s.knobs_channel_problem
+        r = s.run(cfg)
+    assert r.kv_probe_summary["cost"]["captured"] == {"p": 4, "d": 4, "baseline": 4}
+    hit = [q for q in r.requests if q["affected"]]
+    assert hit and all(not q["kv_probe"]["vs_baseline"]["identical"] for q in hit)
+    assert all(q["kv_probe"]["vs_baseline"]["max_abs_diff"] > 0 for q in hit)
+    assert all(q["kv_probe"]["vs_baseline"]["identical"] for q in r.requests
+               if not q["affected"])
+
+
 @pytest.fixture(scope="module")
 def plain_server(tiny_pair, tmp_path_factory):
     """A vLLM server as a user might start it: without the plugin (VLLM_PLUGINS names none of

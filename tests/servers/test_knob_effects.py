@@ -119,7 +119,7 @@ def staged(pd_session, base_cfg):
     start-up); run its three settings on one restarted server set. One request at a time:
     these tests pin the mechanism in the order vLLM ran it; under load the eager setting's
     damage also depends on the other requests in flight (README, "How a run is measured")."""
-    cfg = knobs(replace(base_cfg, num_prompts=12, max_tokens=32, concurrency=1),
+    cfg = knobs(replace(base_cfg, num_prompts=12, max_tokens=32, concurrency=1, kv_probe=True),
                 transfer="host-staged")
     runs = {
         name: pd_session.run(knobs(cfg, **kv))
@@ -147,6 +147,20 @@ def test_eager_finalize_with_host_staging_starves_the_drafter_only(staged):
     for pos, (pd_rate, base_rate) in enumerate(zip(r.pd["per_position_without_extra_drafts"],
                                                    r.baseline["per_position"], strict=True)):
         assert pd_rate < base_rate, (pos, r.pd["per_position"], r.baseline["per_position"])
+
+
+@pytest.mark.restart
+def test_kv_probe_eager_finalize_with_host_staging_target_exact_drafter_not(staged):
+    """The KV signature: D's target layers equal P's and the baseline's bit for bit; its
+    drafter layer differs from both (P staged the drafter's blocks before it wrote them)."""
+    r = staged["eager-dirty"]
+    for q in r.requests:
+        pr = q["kv_probe"]
+        assert set(pr["vs_baseline"]["groups_differing"]) == {"drafter"}, q["id"]
+        assert set(pr["vs_p"]["groups_differing"]) == {"drafter"}, q["id"]
+    clean = staged["deferred-dirty"]
+    for q in clean.requests:
+        assert q["kv_probe"]["vs_baseline"]["identical"] and q["kv_probe"]["vs_p"]["identical"]
 
 
 @pytest.mark.restart

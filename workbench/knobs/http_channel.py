@@ -21,6 +21,7 @@ from typing import Any
 from . import channel, spec
 
 METHOD = "workbench_knobs"
+KV_PROBE_METHOD = "workbench_kvprobe"  # knobs/kv_probe.worker_method
 
 
 # ------------------------------------------------------------------------ server side --
@@ -50,11 +51,12 @@ class ChannelError(RuntimeError):
     """The server has no reachable knob channel; the message says why."""
 
 
-def call(url: str, request: dict | None = None, timeout: float = 30.0) -> list[dict]:
-    """POST /collective_rpc on ``url``; one reply per worker."""
+def call(url: str, request: dict | None = None, timeout: float = 30.0,
+         method: str = METHOD) -> list[dict]:
+    """POST /collective_rpc on ``url``: ``method`` on every worker; one reply per worker."""
     import httpx
 
-    body: dict[str, Any] = {"method": METHOD, "timeout": timeout}
+    body: dict[str, Any] = {"method": method, "timeout": timeout}
     if request is not None:
         body["args"] = [json.dumps(request)]
     try:
@@ -66,9 +68,9 @@ def call(url: str, request: dict | None = None, timeout: float = 30.0) -> list[d
                            "VLLM_SERVER_DEV_MODE=1")
     if r.status_code != 200:
         detail = r.text[:300].replace("\n", " ")
-        if "not implemented" in detail.lower() or METHOD in detail:
+        if "not implemented" in detail.lower() or method in detail:
             raise ChannelError(f"{url}: the workbench plugin is not loaded in this server's "
-                               f"workers (no {METHOD!r}; install the workbench in the server's "
+                               f"workers (no {method!r}; install the workbench in the server's "
                                f"Python and set {spec.ENV_CONTROL_FILE} and "
                                f"{spec.ENV_STATE_DIR}): {detail}")
         raise ChannelError(f"{url}/collective_rpc answered {r.status_code}: {detail}")

@@ -58,6 +58,9 @@ class KnobSpec:
     why_restart: str = ""
     env: str | None = None  # restart-time knobs: the variable that carries the value to a server
     register: HookRef | None = None  # run when the plugin registers, before vLLM builds anything
+    # An instrument observes and changes nothing (kv_probe): not a setting in labels, and the
+    # workbench sets it from its own field (ExperimentConfig.kv_probe), not from --knob.
+    instrument: bool = False
 
     @property
     def client_side(self) -> bool:
@@ -125,6 +128,13 @@ KNOBS: dict[str, KnobSpec] = {
             "double_bos", ("off", "on"), "off",
             where="client: the prompt token ids sent to every server",
         ),
+        KnobSpec(
+            "kv_probe", ("off", "on"), "off",
+            where="worker: digests of every KV layer's blocks per request (D before its first "
+            "step, P and the baseline after the prefill's drafter), compared by the workbench",
+            hooks={"worker": _hook("kv_probe", install="install")},
+            register="workbench.knobs.kv_probe:register", instrument=True,
+        ),
     )
 }
 
@@ -151,9 +161,16 @@ def restart_env(knobs: dict[str, str]) -> dict[str, str]:
     return {k.env: knobs[n] for n, k in KNOBS.items() if k.restart and k.env}
 
 
-def changed(knobs: dict[str, str]) -> dict[str, str]:
-    """The knobs whose value differs from the default (vLLM untouched)."""
-    return {n: v for n, v in knobs.items() if n in KNOBS and v != KNOBS[n].default}
+def changed(knobs: dict[str, str], instruments: bool = True) -> dict[str, str]:
+    """The knobs whose value differs from the default (vLLM untouched); without the
+    instruments for a setting's label."""
+    return {n: v for n, v in knobs.items() if n in KNOBS and v != KNOBS[n].default
+            and (instruments or not KNOBS[n].instrument)}
+
+
+def settings() -> tuple[str, ...]:
+    """The knobs that are settings (the widget panel, the sweep grids), not instruments."""
+    return tuple(n for n, k in KNOBS.items() if not k.instrument)
 
 
 def help_text() -> str:

@@ -1,0 +1,182 @@
+"""The KV probe's pure parts: digests, the slot layout, comparisons, fetch sizes, summaries.
+
+The GPU path is the same torch code on another device; here a CUDA-free stand-in (a counting
+``to_host``) checks that only digests leave the KV tensor's device.
+"""
+
+from __future__ import annotations
+
+import base64
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from workbench import kv_compare
+from workbench.knobs import kv_probe
+
+BS = 4
+
+
+def record(values: np.ndarray, groups: dict[str, str], n: int) -> dict:
+    """A worker record from ``values[layer][block, slot, :]``."""
+    layers = {}
+    for i, (name, group) in enumerate(groups.items()):
+        x = torch.from_numpy(values[i].astype(np.float32))
+        layers[name] = {"group": group, "digests": "".join(kv_probe.digest(x))}
+    return {"key": "k", "num_prompt_tokens": n, "block_size": BS,
+            "block_ids": [list(range(10, 10 + values.shape[1]))], "layers": layers}
+
+
+GROUPS = {"model.layers.0.attn": "target", "model.layers.1.attn": "target",
+          "model.layers.2.attn": "drafter"}
+
+
+@pytest.fixture
+def kv():
+    return np.random.default_rng(0).normal(size=(3, 3, BS, 8))  # layers x blocks x slots x vals
+
+
+def test_equal_bits_give_equal_digests_and_one_flipped_bit_does_not():
+    x = torch.randn(2, BS, 16)
+    y = x.clone()
+    y.view(torch.int32)[1, 2, 5] ^= 1  # the lowest mantissa bit of one value
+    a, b = kv_probe.digest(x), kv_probe.digest(y)
+    assert a == kv_probe.digest(x.clone())
+    assert [i for i, (p, q) in enumerate(zip(a, b, strict=True)) if p != q] == [1 * BS + 2]
+
+
+def test_digests_of_half_precision_kv():
+    x = torch.randn(1, BS, 16, dtype=torch.bfloat16)
+    y = x.clone()
+    y[0, 3, 0] += 1
+    assert kv_probe.digest(x)[:3] == kv_probe.digest(y)[:3]
+    assert kv_probe.digest(x)[3] != kv_probe.digest(y)[3]
+
+
+def test_cuda_free_standin_only_digests_leave_the_device():
+    moved = []
+
+    def to_host(t):
+        moved.append(t.numel())
+        return t.cpu()
+
+    x = torch.randn(5, BS, 512)
+    kv_probe.digest(x, to_host=to_host)
+    assert moved == [5 * BS * 2], "one [blocks, slots, 2] digest tensor, not the KV"
+
+
+def test_layout_finds_block_and_slot_dims():
+    assert kv_probe.layout((100, 4, 32, 128), 100, 32) == (0, 2)  # [B, H, N, C]
+    assert kv_probe.layout((2, 100, 16, 8, 128), 100, 16) == (1, 2)  # [2, B, N, H, D]
+    assert kv_probe.layout((7, 7), 100, 16) is None
+
+
+def test_cpu_attn_slot_order_is_learnt_from_vllms_own_kernel():
+    """A token written by ``ops.cpu_attn_reshape_and_cache`` at slot s reads back as row s."""
+    from vllm import _custom_ops as ops
+
+    h, d, bs = 2, 32, 32
+    cache = torch.zeros(3, h, bs, 2 * d)
+    layer = {"name": "l", "backend": "CPU_ATTN", "tensor": cache, "block_dim": 0,
+             "slot_dim": 2, "block_size": bs, "module": SimpleNamespace(isa="vec")}
+    key, value = torch.randn(1, h, d), torch.randn(1, h, d)
+    k_cache, v_cache = cache.view(3, h, 2 * bs, d).chunk(2, dim=2)
+    ops.cpu_attn_reshape_and_cache(key, value, k_cache, v_cache,
+                                   torch.tensor([2 * bs + 5]), "vec")  # block 2, slot 5
+    rows = kv_probe.slots(layer, [2])[0]  # [slot, K|V per head]
+    want = torch.cat([key[0], value[0]], dim=-1).flatten()
+    got = rows[5].view(2, h, d).permute(1, 0, 2).flatten()
+    assert torch.equal(got, want)
+    assert torch.count_nonzero(rows[[s for s in range(bs) if s != 5]]) == 0
+
+
+def test_identical_records_compare_identical(kv):
+    d = record(kv, GROUPS, n=10)
+    c = kv_compare.compare(d, record(kv, GROUPS, n=10))
+    assert c["identical"] and c["first_differing"] is None and c["layers_differing"] == []
+
+
+def test_a_difference_names_its_layer_group_block_slot_and_position(kv):
+    ref = kv.copy()
+    ref[2, 1, 3, 0] += 1e-3  # drafter, block 1, slot 3
+    c = kv_compare.compare(record(kv, GROUPS, 10), record(ref, GROUPS, 10))
+    assert not c["identical"] and c["groups_differing"] == ["drafter"]
+    assert c["first_differing"] == {"block": 1, "block_id": 11, "slot": 3, "position": 7,
+                                    "layer": "model.layers.2.attn"}
+    assert c["blocks_differing"] == {"model.layers.2.attn": [1]}
+
+
+def test_positions_past_the_prompt_are_not_compared(kv):
+    ref = kv.copy()
+    ref[:, 2, 3] += 1  # position 11 > N - 1 = 9
+    assert kv_compare.compare(record(kv, GROUPS, 10), record(ref, GROUPS, 10))["identical"]
+
+
+def test_block_shift_finds_ps_numbering(kv):
+    p = np.concatenate([np.zeros_like(kv[:, :1]), kv], axis=1)  # P's block j+1 is D's j
+    d = record(kv, GROUPS, n=3 * BS)
+    assert kv_compare.block_shift(d, record(p, GROUPS, n=3 * BS)) == 1
+    assert kv_compare.block_shift(d, record(kv, GROUPS, n=3 * BS)) is None
+
+
+def _item(key, layer, blocks, arr):
+    a = arr.astype(np.float32)
+    return {"key": key, "layer": layer, "blocks": blocks, "shape": list(a.shape),
+            "data": base64.b64encode(a.tobytes()).decode()}
+
+
+def test_block_diffs_measure_only_the_prompts_positions(kv):
+    ref = kv.copy()
+    ref[0, 2, 1] += 0.5   # position 9: inside the prompt (N = 10)
+    ref[0, 2, 3] += 100   # position 11: past it
+    diffs = kv_compare.block_diffs([_item("k", "L", [2], kv[0, 2:3])],
+                                   [_item("k", "L", [2], ref[0, 2:3])], n=10, bs=BS)
+    assert diffs == {"L": {2: pytest.approx(0.5)}}
+
+
+def test_collect_fetches_only_differing_blocks_and_clears():
+    rng = np.random.default_rng(1)
+    kv = rng.normal(size=(3, 3, BS, 8))
+    base = kv.copy()
+    base[1, 2, 0] += 2.0
+    recs = {"d": record(kv, GROUPS, 12), "p": record(kv, GROUPS, 12),
+            "baseline": record(base, GROUPS, 12)}
+    asked = []
+
+    def ask(req):
+        asked.append(req)
+        if req["op"] == "records":
+            return [{"role": r, "records": [rec], "capture_s": 0.01} for r, rec in recs.items()]
+        if req["op"] == "fetch":
+            src = {"d": kv, "p": kv, "baseline": base}
+            return [{"role": r, "items": [_item(it["key"], it["layer"], it["blocks"],
+                                                 src[r][list(GROUPS).index(it["layer"]),
+                                                        it["blocks"]])
+                                           for it in req["items"]]} for r in src]
+        return []
+
+    probes, cost = kv_compare.collect(ask, ["k"])
+    fetch = next(a for a in asked if a["op"] == "fetch")
+    assert fetch["items"] == [{"key": "k", "layer": "model.layers.1.attn", "blocks": [2]}]
+    assert asked[-1] == {"op": "clear"}
+    pr = probes[0]
+    assert pr["vs_p"]["identical"] and pr["vs_p"]["max_abs_diff"] == 0.0
+    assert pr["vs_baseline"]["max_abs_diff"] == pytest.approx(2.0)
+    assert cost["captured"] == {"d": 1, "p": 1, "baseline": 1}
+
+
+def test_summary_splits_by_affected():
+    def row(affected, groups):
+        cmp = {"groups_differing": groups}
+        return {"affected": affected, "kv_probe": {"vs_p": {"groups_differing": []},
+                                                   "vs_baseline": cmp}}
+
+    s = kv_compare.summary([row(True, ["target", "drafter"]), row(True, []),
+                            row(False, ["drafter"]), {"affected": False, "kv_probe": None}])
+    assert s["target"]["vs_baseline"]["affected"] == {"requests": 2, "differing": 1,
+                                                      "share": 0.5}
+    assert s["drafter"]["vs_baseline"]["unaffected"]["share"] == 1.0
+    assert s["target"]["vs_p"]["affected"]["share"] == 0.0
+    assert s["requests_probed"] == 3
