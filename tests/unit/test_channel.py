@@ -149,6 +149,32 @@ def test_plugin_refuses_unsupported_vllm(monkeypatch, tmp_path):
         assert v in msg
 
 
+@pytest.mark.parametrize("version", ["0.32.0+cpu", "0.33.0"])
+def test_plugin_accepts_both_releases(monkeypatch, tmp_path, version):
+    from workbench.knobs import plugin, release
+
+    monkeypatch.setenv(spec.ENV_CONTROL_FILE, str(tmp_path / "k.json"))
+    monkeypatch.setattr(plugin, "_installed", False)
+    monkeypatch.setattr(release, "vllm_version", lambda: version)
+    installed = []
+    monkeypatch.setattr(plugin, "_install_knobs", lambda: installed.append(version))
+    plugin.register()
+    assert installed == [version]
+
+
+def test_session_refuses_an_unknown_release_before_any_server_starts(monkeypatch, tmp_path):
+    from workbench import experiment
+    from workbench.config import ConfigError, ExperimentConfig
+    from workbench.knobs import release
+
+    monkeypatch.setattr(release, "vllm_version", lambda: "0.34.0")
+    started = []
+    monkeypatch.setattr(experiment, "start_all", lambda *a, **k: started.append(a))
+    with experiment.Session(tmp_path) as s, pytest.raises(ConfigError, match="0.34.0"):
+        s.ensure(ExperimentConfig())
+    assert started == []
+
+
 def test_supported_versions():
     """Both releases of the per-release table; anything else refused, naming both."""
     from workbench.knobs import release
