@@ -291,3 +291,30 @@ def test_mrv2_033_eager_forces_defer_off_and_skips_finalize_step_no_gpu(unpatch)
     calls = []
     _Mrv2Connector033(calls).post_forward({"r1"})  # no_forward's call: nothing forced
     assert calls == ["wait_for_save", "clear_connector_metadata"]
+
+
+def test_mrv2_defer_wrappers_on_the_installed_active_kv_connector_no_gpu(unpatch):
+    """Where the installed release's MRV2 has finalize_step (0.33.0): the real
+    ActiveKVConnector.post_forward / finalize_step under the wrappers, on a fake connector.
+    Eager: wait_for_save and clear_connector_metadata run in post_forward (before the
+    speculator), and finalize_step does nothing that step."""
+    from unittest import mock
+
+    from vllm.v1.worker.gpu.kv_connector import ActiveKVConnector
+
+    from workbench.knobs import finalize
+
+    if not hasattr(ActiveKVConnector, "finalize_step"):
+        pytest.skip("this release's MRV2 has no finalize_step (0.32.0): the stand-in covers it")
+    finalize.install_v2_defer()
+    for eager in (False, True):
+        finalize._state.update(eager=eager, pending_skips=0)
+        a = object.__new__(ActiveKVConnector)
+        a.kv_connector, a._disabled, a._pending_load_kwargs = mock.MagicMock(), False, None
+        a.post_forward({"r1"}, defer_finalize=True)
+        at_post = [c[0] for c in a.kv_connector.method_calls]
+        a.finalize_step()
+        after = [c[0] for c in a.kv_connector.method_calls][len(at_post):]
+        finalizing = {"wait_for_save", "clear_connector_metadata"}
+        assert finalizing <= set(at_post) if eager else not finalizing & set(at_post)
+        assert not finalizing & set(after) if eager else finalizing <= set(after)

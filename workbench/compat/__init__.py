@@ -21,14 +21,21 @@ from typing import Any
 
 from ..knobs import release as releases
 from ..paths import DATA, REPO
-from .checks import Check, field_checks, flag_checks, metric_checks, patch_checks
+from .checks import (
+    Check,
+    entry_checks,
+    field_checks,
+    flag_checks,
+    metric_checks,
+    patch_checks,
+)
 from .source import Source, WheelSource, fetch_wheel, installed_source
 
 RECORDS = DATA / "compat"
 CACHE = REPO / ".cache" / "compat"
 README = REPO / "README.md"
 TABLE_BEGIN, TABLE_END = "<!-- compat-table:begin -->", "<!-- compat-table:end -->"
-KINDS = ("target", "order", "flag", "value", "env", "metric", "field")
+KINDS = ("target", "order", "entry", "flag", "value", "env", "metric", "field")
 PROFILES = ("gpu", "gpu-single", "cpu")  # the GPU profiles, and the CPU's for a CPU 0.33.0
 
 
@@ -51,7 +58,8 @@ def gpu_servers() -> list[dict[str, Any]]:
 def checks_for(version: str) -> list[Check]:
     """Every check of ``version``, in a fixed order (a record's names must equal these)."""
     rel = releases.RELEASES[releases.base_version(version)]
-    return [*patch_checks(rel), *flag_checks(gpu_servers()), *metric_checks(), *field_checks()]
+    return [*patch_checks(rel), *entry_checks(), *flag_checks(gpu_servers()), *metric_checks(),
+            *field_checks()]
 
 
 def run_checks(version: str, src: Source) -> dict[str, Any]:

@@ -8,6 +8,8 @@ Families (``kind``):
   ``*_SOURCE`` tuples: for example ``GPUModelRunner.sample_tokens`` calls
   ``finalize_step`` after ``self.speculator.propose(`` in 0.33.0's Model Runner V2, and the V1
   runner calls ``finalize_kv_connector`` after ``propose_draft_token_ids``);
+* ``entry``: the module every server is started with (``servers.API_SERVER_MODULE``) still
+  runs as ``python -m`` (it has a ``__main__`` block);
 * ``flag`` / ``value`` / ``env``: every server flag and environment variable the profiles
   pass (``plan`` of ``gpu`` and ``gpu-single`` with both ``kv_buffer_device`` values, and of
   ``cpu``, which a CPU 0.33.0 would run) exists in that release: flags as ``EngineArgs`` /
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from .. import metrics
 from ..knobs.component import resolve
 from ..knobs.release import Release
+from ..servers import API_SERVER_MODULE
 from .source import Source, class_fields, def_text, files_defining, find_def, params
 
 Outcome = tuple[bool, str]  # (passed, where it was found or why it failed)
@@ -87,6 +90,17 @@ def patch_checks(release: Release) -> Iterator[Check]:
             yield _target(module, cls, attr, expected)
         for module, qual, snippets in resolve(ps.source) if ps.source else ():
             yield _order(module, qual, snippets)
+
+
+def entry_checks() -> Iterator[Check]:
+    def run(src: Source) -> Outcome:
+        rel = src.module_file(API_SERVER_MODULE)
+        if rel is None:
+            return False, f"{API_SERVER_MODULE} is missing"
+        ok = 'if __name__ == "__main__":' in (src.read(rel) or "")
+        return ok, rel if ok else f"{rel} has no __main__ block"
+
+    yield Check("entry", f"python -m {API_SERVER_MODULE}", run)
 
 
 # ---------------------------------------------------------------------- flags, env, values --
