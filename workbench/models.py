@@ -51,5 +51,11 @@ def fetch(names: list[str]) -> dict[str, str]:
     for repo in ids:
         if not offline():
             print(f"downloading {repo} (once; Hugging Face cache)", flush=True)
-        out[repo] = snapshot_download(repo_id=repo, local_files_only=offline())
+        try:
+            out[repo] = snapshot_download(repo_id=repo, local_files_only=offline())
+        except Exception as e:  # noqa: BLE001 - any hub failure means the same to the user
+            where = "in the Hugging Face cache (HF_HUB_OFFLINE is set)" if offline() else (
+                "on the Hugging Face Hub (gated models need HF_TOKEN)")
+            raise ValueError(f"model {repo!r} is not a local directory and could not be "
+                             f"fetched {where}: {type(e).__name__}: {e}") from None
     return out

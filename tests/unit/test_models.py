@@ -68,3 +68,16 @@ def test_result_names_the_runner_the_workers_reported():
     assert runner_in_force({"detail": {"p": worker("v2"), "d": worker("v2")}}) == "v2"
     assert runner_in_force({"detail": {"p": worker("v1"), "d": worker("v2")}}) == "v1,v2"
     assert runner_in_force({"requested": {}}) is None
+
+
+def test_fetch_names_a_model_that_is_neither_local_nor_on_the_hub(monkeypatch):
+    hub = types.ModuleType("huggingface_hub")
+
+    def snapshot_download(repo_id, local_files_only=False):
+        raise OSError("404 Repository Not Found")
+
+    hub.snapshot_download = snapshot_download
+    monkeypatch.setitem(sys.modules, "huggingface_hub", hub)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(ValueError, match="'models/target' is not a local directory"):
+        models.fetch(["models/target"])

@@ -39,7 +39,7 @@ KINDS = ("target", "order", "entry", "flag", "value", "env", "metric", "field")
 PROFILES = ("gpu", "gpu-single", "cpu")  # the GPU profiles, and the CPU's for a CPU 0.33.0
 
 
-def gpu_servers() -> list[dict[str, Any]]:
+def profile_servers() -> list[dict[str, Any]]:
     """What ``plan`` prints for every profile, with NIXL's device buffer and host staging
     (on a GPU ``kv_buffer_device`` ``cuda`` and ``cpu``), ports left to the OS."""
     from ..config import ExperimentConfig
@@ -58,7 +58,7 @@ def gpu_servers() -> list[dict[str, Any]]:
 def checks_for(version: str) -> list[Check]:
     """Every check of ``version``, in a fixed order (a record's names must equal these)."""
     rel = releases.RELEASES[releases.base_version(version)]
-    return [*patch_checks(rel), *entry_checks(), *flag_checks(gpu_servers()), *metric_checks(),
+    return [*patch_checks(rel), *entry_checks(), *flag_checks(profile_servers()), *metric_checks(),
             *field_checks()]
 
 
