@@ -9,7 +9,7 @@ STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean
+.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat
 
 setup: $(STAMP)
 
@@ -59,3 +59,10 @@ clean:
 # Acceptance under load: the fixed pipeline and one bug at 1..32 requests in flight.
 load: setup
 	$(PY) -m workbench sweep --grid load --out data/load
+
+# Every supported vLLM release checked against its own CUDA wheel's source (pip download
+# --no-deps, cached in .cache/compat/): writes data/compat/vllm-<release>.json and the README's
+# compat table. `make test` runs the same checks on the installed release, with no download.
+COMPAT_VLLM ?= 0.32.0,0.33.0
+compat: setup
+	$(PY) -m workbench compat --vllm $(COMPAT_VLLM)

@@ -88,10 +88,13 @@ def _config_file(args: argparse.Namespace) -> dict:
     return data
 
 
-def config_from_args(args: argparse.Namespace, defaults: dict | None = None) -> ExperimentConfig:
-    """The config the flags describe, over the config file, over ``defaults``."""
-    data = {**(defaults or {}), **_config_file(args)}
-    return ExperimentConfig.from_dict(_flag_values(args, data))
+def config_from_args(args: argparse.Namespace, defaults: dict | None = None,
+                     **fixed) -> ExperimentConfig:
+    """The config the flags describe, over the config file, over ``defaults``, over the
+    profile's defaults (``--profile gpu`` gets vLLM's test's models, block size, lengths)."""
+    data = _flag_values(args, {**(defaults or {}), **_config_file(args)})
+    profile = data.pop("profile", None) or "cpu"
+    return ExperimentConfig.for_profile(profile, **data, **fixed)
 
 
 def parse_attach(text: str | None) -> dict[str, str] | None:
@@ -168,9 +171,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .channels import FileChannel
     from .plan import server_specs
 
-    overrides = _flag_values(args, _config_file(args))
-    profile = overrides.pop("profile", None) or "cpu"
-    cfg = ExperimentConfig.for_profile(profile, require_models=False, **overrides)
+    cfg = config_from_args(args, require_models=False)
     ch = FileChannel.in_dir(args.log_dir)
     for spec in server_specs(cfg, args.log_dir, knobs_file=ch.knobs_file, state_dir=ch.state_dir):
         print(json.dumps({"role": spec.role, "url": spec.url, "argv": spec.command(),
@@ -198,6 +199,44 @@ def cmd_serve(args: argparse.Namespace) -> int:
             time.sleep(1)
         print("a server exited; stopping the others", flush=True)
     return 1
+
+
+def cmd_compat(args: argparse.Namespace) -> int:
+    """Check each release's wheel (``--vllm``) or the installed vLLM (``--installed``)."""
+    from . import compat
+
+    if args.installed:
+        record = compat.check_installed()
+        print(f"{record['source']}: {len(record['checks'])} checks, "
+              f"{'every check passes' if record['ok'] else 'FAILED'}")
+        for f in compat.failures(record):
+            print(f"  fail: {f}", file=sys.stderr)
+        return 0 if record["ok"] else 1
+    from .knobs.release import SUPPORTED_VLLM
+
+    versions = [v.strip() for v in (args.vllm or ",".join(SUPPORTED_VLLM)).split(",")]
+    unknown = [v for v in versions if v not in SUPPORTED_VLLM]
+    if unknown:
+        raise ConfigError(f"--vllm {','.join(unknown)}: the plugin has no patch table for it; "
+                          f"releases in workbench/knobs/release.py: {', '.join(SUPPORTED_VLLM)}")
+    return compat.main(versions, out=Path(args.out), cache=Path(args.cache),
+                       readme=None if args.no_readme else compat.README)
+
+
+def _add_compat(sub) -> None:
+    from .compat import CACHE, RECORDS
+
+    cp = sub.add_parser("compat", help="check the plugin's patches, the GPU profiles' flags, "
+                        "the metric names and the per-request field against each vLLM "
+                        "release's own source (CUDA wheel via pip download, cached)")
+    cp.add_argument("--vllm", help="comma-separated releases (default: every release in the "
+                    "plugin's table), e.g. 0.32.0,0.33.0")
+    cp.add_argument("--installed", action="store_true",
+                    help="check the installed vLLM's files instead (no download, no record)")
+    cp.add_argument("--out", default=str(RECORDS), help="where vllm-<release>.json go")
+    cp.add_argument("--cache", default=str(CACHE), help="where downloaded wheels are kept")
+    cp.add_argument("--no-readme", action="store_true", help="leave the README table alone")
+    cp.set_defaults(func=cmd_compat)
 
 
 def _report(result) -> str:
@@ -245,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_experiment_args(pl)
     pl.add_argument("--log-dir", default="/tmp/workbench-plan", help="where logs would go")
     pl.set_defaults(func=cmd_plan)
+    _add_compat(sub)
     args = ap.parse_args(argv)
     try:
         return args.func(args)

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from . import profiles
+from . import models, profiles
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
 from .prompts import SOURCES as _PROMPT_SOURCES
@@ -68,11 +68,9 @@ class ExperimentConfig:
 
     def validate(self) -> None:
         for name in ("target", "drafter") if self.require_models else ():
-            p = Path(getattr(self, name)).expanduser()
-            if not p.is_dir():
-                raise ConfigError(f"{name} model directory {str(p)!r} does not exist")
-            if not (p / "config.json").is_file():
-                raise ConfigError(f"{name} model directory {str(p)!r} has no config.json")
+            # A local directory, or a Hugging Face id (downloaded before servers start).
+            if (why := models.problem(str(getattr(self, name)))) is not None:
+                raise ConfigError(f"{name} model {why}")
         if self.profile not in profiles.PROFILES:
             raise ConfigError(f"profile {self.profile!r} is unknown; allowed: "
                               f"{', '.join(profiles.PROFILES)}")
@@ -142,7 +140,8 @@ class ExperimentConfig:
             raise ConfigError(str(e)) from None
         data: dict[str, Any] = {"profile": profile, "block_size": prof.block_size,
                                 "prompt_set": prof.default_prompt_set,
-                                "max_tokens": prof.default_max_tokens}
+                                "max_tokens": prof.default_max_tokens,
+                                "max_model_len": prof.max_model_len}
         if prof.default_target:
             data["target"] = prof.default_target
             data["drafter"] = prof.default_drafter

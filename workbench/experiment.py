@@ -18,16 +18,16 @@ from typing import Any
 
 import httpx
 
-from . import channels, kv_compare, plan, profiles
+from . import channels, kv_compare, models, plan, profiles
 from . import prompts as prompt_sets
 from .baseline_cache import BaselineCache
 from .config import ConfigError, ExperimentConfig
 from .knobs.kv_probe import prompt_key
 from .knobs.notes import knob_notes
-from .knobs.release import vllm_version
+from .knobs.release import base_version, check_version, vllm_version
 from .measure import Progress, Requests, measure, run_coro
 from .provenance import git_commit
-from .results import Result, aggregate
+from .results import Result, aggregate, runner_in_force
 from .servers import RemoteServer, start_all
 
 FLUSH_WAIT_S = 0.5  # the plugin flushes its event counters every 0.2 s
@@ -120,6 +120,8 @@ class Session:
         if not self.needs_start(cfg):
             return
         self.stop()
+        if self.knobs_file is not None:
+            _check_release()
         specs = plan.server_specs(cfg, self.log_dir, knobs_file=self.knobs_file,
                                   state_dir=self.state_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -165,6 +167,8 @@ class Session:
             command: str | None = None, out_dir: str | Path | None = None) -> Result:
         cfg.validate()
         t0 = time.monotonic()
+        if not self.attached:  # Hub ids: once, here, before the tokenizer and the servers
+            models.fetch([cfg.target, cfg.drafter])
         plist = prompt_sets.build(
             cfg.prompt_set, cfg.num_prompts, cfg.target, seed=cfg.seed,
             block_size=cfg.block_size, prompt_file=cfg.prompt_file,
@@ -223,6 +227,7 @@ class Session:
         return Result(
             config=cfg.to_dict(), command=command or _default_command(),
             vllm_version=vllm_version(), git_commit=git_commit(),
+            vllm_release=base_version(vllm_version()), model_runner=runner_in_force(states),
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             prompt_set=cfg.prompt_set if cfg.prompt_file is None else cfg.prompt_file,
             num_prompts=n, wall_seconds=0.0, engine_seconds=0.0,
@@ -242,6 +247,15 @@ def _row(p: prompt_sets.Prompt, cfg: ExperimentConfig) -> dict[str, Any]:
     return {"id": p.id, "prompt_len": n, "prompt_len_mod_block": n % cfg.block_size,
             "affected": prompt_sets.bad_case(n, lookahead, cfg.block_size),
             "prime_d": p.prime_d, "source": p.source}
+
+
+def _check_release() -> None:
+    """Refuse a vLLM the plugin was not written for before any server starts (each server's
+    plugin would refuse it too, but only after a slow start)."""
+    try:
+        check_version()
+    except RuntimeError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _default_command() -> str:

@@ -37,7 +37,9 @@ def server_specs(cfg: ExperimentConfig, log_dir: str | Path, *,
         seed=cfg.seed, enforce_eager=cfg.enforce_eager_in_force(), knobs_file=knobs_file,
         knobs_state_dir=state_dir, kv_buffer_device=kv_buffer_device(cfg),
         restart_knobs={n: cfg.knobs[n] for n in knob_spec.restart_knobs()},
-        nixl_progress_delay_us=prof.nixl_progress_delay_us,
+        nixl_progress_delay_us=prof.nixl_progress_delay_us, hf_offline=prof.hf_offline,
+        draft_max_model_len=cfg.max_model_len if prof.speculative_max_model_len else None,
+        extra_args=list(prof.server_args), extra_env=dict(prof.server_env),
     )
     return [
         ServerSpec(role=r, num_speculative_tokens=getattr(cfg, ROLE_SHAPE[r][0]),

@@ -51,6 +51,10 @@ class Result:
     # With kv_probe: per layer group (target, drafter) and reference (vs_p, vs_baseline), the
     # share of requests whose KV differs, by affected / unaffected; the probe's cost.
     kv_probe_summary: dict[str, Any] | None = None
+    # The release's entry in knobs/release.RELEASES (vllm_version without "+cpu"), and the
+    # model runner the servers' workers ran ("v1", "v2"; "v1,v2" mixed; None: no read-back).
+    vllm_release: str | None = None
+    model_runner: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,7 +108,8 @@ class Result:
             "measurement_source": self.measurement.get("source", "metrics-scrape"),
             "crosscheck": self.measurement.get("crosscheck"),
             "k_p": self.config.get("k_p"), "k_d": self.config.get("k_d"),
-            "vllm_version": self.vllm_version, "git_commit": self.git_commit,
+            "vllm_version": self.vllm_version, "model_runner": self.model_runner,
+            "git_commit": self.git_commit,
             "created": self.created, "wall_seconds": self.wall_seconds,
             "engine_seconds": self.engine_seconds, "token_agreement": self.token_agreement,
         })
@@ -183,6 +188,18 @@ def knobs_in_force(knobs: dict[str, Any]) -> dict[str, str]:
         if value is not None:
             out[name] = value
     return out
+
+
+def runner_in_force(knobs: dict[str, Any]) -> str | None:
+    """The model runner the workers reported (their state files' ``runner``), one value when
+    every role agrees, else the sorted values joined; None when no worker reported."""
+    seen = set()
+    for detail in (knobs.get("detail") or {}).values():
+        worker = ((detail or {}).get("components") or {}).get("worker")
+        for st in worker if isinstance(worker, list) else [worker]:
+            if isinstance(st, dict) and st.get("runner"):
+                seen.add(st["runner"])
+    return ",".join(sorted(seen)) or None
 
 
 def first_diff(a: list[int], b: list[int]) -> int | None:

@@ -77,6 +77,10 @@ class ServerSpec:
     restart_knobs: dict[str, str] = field(default_factory=dict)  # restart-time knob values
     side_channel_port: int | None = None
     nixl_progress_delay_us: int = 0
+    # HF_HUB_OFFLINE=1 / TRANSFORMERS_OFFLINE=1 (the CPU profile's local models); otherwise
+    # a user's own HF_HUB_OFFLINE still reaches the server through the inherited environment.
+    hf_offline: bool = True
+    draft_max_model_len: int | None = None  # the speculative config's max_model_len
     # --per-request-spec-decode-metrics detailed: each response carries its own counts
     per_request_metrics: bool = True
     extra_args: list[str] = field(default_factory=list)
@@ -104,6 +108,8 @@ class ServerSpec:
             "model": str(self.drafter),
             "num_speculative_tokens": self.num_speculative_tokens,
         }
+        if self.draft_max_model_len is not None:
+            spec_cfg["max_model_len"] = self.draft_max_model_len
         cmd = [
             sys.executable, "-m", API_SERVER_MODULE,
             "--model", str(self.target),
@@ -124,11 +130,11 @@ class ServerSpec:
         if self.enforce_eager:
             cmd.append("--enforce-eager")
         if self.kv_role is not None:
-            kv_cfg = {
-                "kv_connector": "NixlConnector",
-                "kv_role": self.kv_role,
-                "kv_buffer_device": self.kv_buffer_device,
-            }
+            kv_cfg = {"kv_connector": "NixlConnector", "kv_role": self.kv_role}
+            # "cuda" is vLLM's default on a GPU (KVTransferConfig.kv_buffer_device), and
+            # vLLM's PD test leaves it unset there.
+            if self.kv_buffer_device != "cuda":
+                kv_cfg["kv_buffer_device"] = self.kv_buffer_device
             cmd += ["--kv-transfer-config", json.dumps(kv_cfg)]
         return cmd + list(self.extra_args)
 
@@ -137,8 +143,7 @@ class ServerSpec:
             "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache between independent runs
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
+            **({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"} if self.hf_offline else {}),
             "PYTHONUNBUFFERED": "1",
             knob_spec.ENV_ROLE: self.role,
             **knob_spec.restart_env({**knob_spec.defaults(), **self.restart_knobs}),

@@ -1,9 +1,12 @@
 """Every vLLM symbol the plugin patches, pinned against the installed vLLM's source.
 
-Each test imports the installed vLLM and checks that the methods a mechanism's ``*_TARGETS``
-tuple names exist with the parameters the wrappers expect, and the source lines the mechanism
-relies on. The Model Runner V2 ones (``..._stand_in_for_gpu_no_gpu``) check source and run
-wrappers on fake connectors only: that runner needs a GPU (Triton) and cannot run here.
+Each test imports the installed vLLM and checks, for the installed release's entry in
+``workbench/knobs/release.RELEASES``, that the methods a mechanism's ``*_TARGETS`` tuple names
+exist with the parameters the wrappers expect and that the source facts of its ``*_SOURCE``
+tuple (call orders included) hold, through vLLM's own imports (``tests/pins/test_compat.py``
+runs the same table through ``compat``'s static reader). The Model Runner V2 ones
+(``..._stand_in_for_gpu_no_gpu``) check source and run wrappers on fake connectors only: that
+runner needs a GPU (Triton) and cannot run here.
 """
 
 from __future__ import annotations
@@ -31,6 +34,31 @@ def _check(targets):
             assert got == expected, f"{module}:{cls}.{name} takes {got}, plugin expects {expected}"
 
 
+def _source(facts):
+    """Each snippet in the function's source, each after the one before it."""
+    for module, qual, snippets in facts:
+        owner = importlib.import_module(module)
+        for part in qual.split("."):
+            owner = getattr(owner, part)
+        src, at = inspect.getsource(owner), 0
+        for snippet in snippets:
+            at = src.find(snippet, at)
+            assert at >= 0, f"{module}:{qual}: {snippet!r} not found after the one before it"
+            at += len(snippet)
+
+
+def _pin(mechanism: str, runner: str | None = None):
+    """The installed release's patch set: its targets and its source facts."""
+    from workbench.knobs import release
+    from workbench.knobs.component import resolve
+
+    ps = release.current().patch_set(mechanism, runner)
+    _check(resolve(ps.targets))
+    if ps.source:
+        _source(resolve(ps.source))
+    return ps
+
+
 def test_installed_vllm_is_supported():
     from workbench.knobs import release
 
@@ -38,9 +66,7 @@ def test_installed_vllm_is_supported():
 
 
 def test_v1_finalize_targets():
-    from workbench.knobs import finalize
-
-    _check(finalize.V1_TARGETS)
+    _pin("finalize", "v1")
     from vllm.v1.worker.kv_connector_model_runner_mixin import (
         KVConnectorModelRunnerMixin as M,
     )
@@ -48,9 +74,6 @@ def test_v1_finalize_targets():
     # both are static methods the runner calls through self
     for name in ("maybe_get_kv_connector_output", "finalize_kv_connector"):
         assert isinstance(M.__dict__[name], staticmethod)
-    src = inspect.getsource(importlib.import_module("vllm.v1.worker.gpu_model_runner"))
-    assert "defer_finalize=defer_kv_connector_finalize" in src
-    assert "self.finalize_kv_connector()" in src
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
     assert issubclass(CPUModelRunner, M)
@@ -59,76 +82,38 @@ def test_v1_finalize_targets():
 
 
 def test_mrv2_finalize_targets_stand_in_for_gpu_no_gpu():
-    """Model Runner V2 (GPU): 0.32.0's post_forward has no defer_finalize and there is no
-    finalize_step; the plugin moves post_forward to finish_forward instead."""
-    from workbench.knobs import finalize
-
-    _check(finalize.V2_TARGETS)
+    """Model Runner V2 (GPU): the installed release's mechanism. 0.32.0's post_forward has no
+    defer_finalize and there is no finalize_step, so the plugin moves post_forward to
+    finish_forward; 0.33.0 has both, and the plugin forces defer_finalize off instead."""
     from vllm.v1.worker.gpu.kv_connector import ActiveKVConnector
 
-    assert not hasattr(ActiveKVConnector, "finalize_step")
-    assert "defer_finalize" not in inspect.signature(ActiveKVConnector.post_forward).parameters
-    src = inspect.getsource(ActiveKVConnector.post_forward)
-    assert "wait_for_save()" in src and "clear_connector_metadata()" in src
-    runner_src = inspect.getsource(importlib.import_module("vllm.v1.worker.gpu.model_runner"))
-    # finish_forward right after the target forward; post_forward after the speculator
-    assert "self.kv_connector.finish_forward()" in runner_src
-    assert runner_src.index("self.speculator.propose(") < runner_src.rindex(
-        "kv_connector_output = self.kv_connector.post_forward(finished_req_ids)")
+    from workbench.knobs import finalize
+    from workbench.knobs.component import resolve
+
+    ps = _pin("finalize", "v2")
+    has_defer = "defer_finalize" in inspect.signature(ActiveKVConnector.post_forward).parameters
+    assert has_defer == hasattr(ActiveKVConnector, "finalize_step")
+    want = finalize.install_v2_defer if has_defer else finalize.install_v2_stash
+    assert resolve(ps.install) is want
 
 
 def test_lookahead_and_handoff_targets():
-    from workbench.knobs import handoff, lookahead
-
-    _check(lookahead.TARGETS)
-    _check(handoff.TARGETS)
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    assert "self.num_lookahead_tokens = vllm_config.num_lookahead_tokens" in inspect.getsource(
-        Scheduler.__init__)
-    src = inspect.getsource(KVCacheManager.get_block_ids_for_computed_tokens)
-    assert "self.get_block_ids(request_id)" in src and "cdiv(num_computed_tokens" in src
-    assert "get_block_ids_for_computed_tokens(" in inspect.getsource(Scheduler)
+    _pin("lookahead")
+    _pin("handoff")
 
 
 def test_blocks_targets():
-    from workbench.knobs import blocks
-
-    _check(blocks.ENGINE_TARGETS)
-    _check(blocks.WORKER_TARGETS)
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
-
-    assert "self.needs_kv_cache_zeroing = " in inspect.getsource(Scheduler.__init__)
-    assert "if not self.needs_kv_cache_zeroing" in inspect.getsource(
-        Scheduler._get_new_block_ids_to_zero)
-    assert "self._record_new_block_ids = " in inspect.getsource(SingleTypeKVCacheManager.__init__)
-    # D: blocks an async connector load writes are not recorded for zeroing
-    assert "skip_zeroing_group_ids=" in inspect.getsource(Scheduler)
+    # engine: the gated zeroing; D skips blocks an async connector load writes
+    _pin("blocks", "engine")
+    _pin("blocks", "v1")
 
 
 def test_mrv2_blocks_targets_stand_in_for_gpu_no_gpu():
-    from workbench.knobs import blocks
-
-    _check(blocks.V2_WORKER_TARGETS)
+    _pin("blocks", "v2")
 
 
 def test_transfer_targets():
-    from workbench.knobs import transfer
-
-    _check(transfer.TARGETS)
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import (
-        NixlBaseConnectorWorker,
-    )
-
-    src = inspect.getsource(NixlBaseConnectorWorker.set_host_xfer_buffer_ops)
-    assert 'if self.device_type == "cpu":' in src  # why the plugin keeps the op itself
-    from vllm.distributed.kv_transfer.kv_connector import utils
-
-    src = inspect.getsource(utils.copy_kv_blocks)
-    assert "current_platform.insert_blocks_to_device" in src
-    assert "current_platform.swap_out_blocks_to_host" in src
+    _pin("transfer")
 
 
 def test_worker_and_runner_hooks():
@@ -137,10 +122,9 @@ def test_worker_and_runner_hooks():
 
     from workbench.knobs import release
 
-    fn = Worker.initialize_from_config
-    assert list(inspect.signature(fn).parameters) == ["self", "kv_cache_config"]
+    _pin("plugin")
     assert "initialize_from_config" not in CPUWorker.__dict__
-    assert "self.model_runner.initialize_kv_cache(" in inspect.getsource(fn)
+    assert Worker.initialize_from_config is CPUWorker.initialize_from_config
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
     assert release.runner_kind(object.__new__(CPUModelRunner)) == "v1"
@@ -234,7 +218,7 @@ def test_mrv2_eager_order_on_fake_connector_no_gpu(unpatch):
 
     from workbench.knobs import finalize
 
-    finalize.install_v2()
+    finalize.install_v2_stash()
 
     def make():
         a = object.__new__(ActiveKVConnector)
@@ -261,3 +245,76 @@ def test_mrv2_eager_order_on_fake_connector_no_gpu(unpatch):
         else:
             assert "wait_for_save" not in at_finish
             assert "wait_for_save" in after and "clear_connector_metadata" in after
+
+
+class _Mrv2Connector033:
+    """A stand-in with 0.33.0's ``ActiveKVConnector`` finalize API (vllm/v1/worker/gpu/
+    kv_connector.py; the compat record pins the real one): post_forward finalizes unless it
+    defers, finalize_step finalizes."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def post_forward(self, finished_req_ids, defer_finalize=False):
+        if not defer_finalize:
+            self.calls += ["wait_for_save", "clear_connector_metadata"]
+        return {"finished": finished_req_ids}
+
+    def finalize_step(self):
+        self.calls += ["wait_for_save", "clear_connector_metadata"]
+
+
+def _step_033(conn, calls):
+    """0.33.0's GPUModelRunner.sample_tokens order, with a speculator."""
+    out = conn.post_forward({"r1"}, defer_finalize=True)
+    calls.append("speculator.propose")
+    conn.finalize_step()
+    return out
+
+
+def test_mrv2_033_eager_forces_defer_off_and_skips_finalize_step_no_gpu(unpatch):
+    """0.33.0's Model Runner V2: eager finalizes in post_forward, before the speculator, and
+    skips that step's finalize_step; deferred leaves vLLM's order alone."""
+    from workbench.knobs import finalize
+
+    finalize.install_v2_defer(_Mrv2Connector033)
+    for eager, want in ((False, ["speculator.propose", "wait_for_save",
+                                 "clear_connector_metadata"]),
+                        (True, ["wait_for_save", "clear_connector_metadata",
+                                "speculator.propose"])):
+        finalize._state.update(eager=eager, pending_skips=0)
+        calls: list[str] = []
+        conn = _Mrv2Connector033(calls)
+        assert _step_033(conn, calls) == {"finished": {"r1"}}
+        assert calls == want
+        assert finalize._state["pending_skips"] == 0
+    calls = []
+    _Mrv2Connector033(calls).post_forward({"r1"})  # no_forward's call: nothing forced
+    assert calls == ["wait_for_save", "clear_connector_metadata"]
+
+
+def test_mrv2_defer_wrappers_on_the_installed_active_kv_connector_no_gpu(unpatch):
+    """Where the installed release's MRV2 has finalize_step (0.33.0): the real
+    ActiveKVConnector.post_forward / finalize_step under the wrappers, on a fake connector.
+    Eager: wait_for_save and clear_connector_metadata run in post_forward (before the
+    speculator), and finalize_step does nothing that step."""
+    from unittest import mock
+
+    from vllm.v1.worker.gpu.kv_connector import ActiveKVConnector
+
+    from workbench.knobs import finalize
+
+    if not hasattr(ActiveKVConnector, "finalize_step"):
+        pytest.skip("this release's MRV2 has no finalize_step (0.32.0): the stand-in covers it")
+    finalize.install_v2_defer()
+    for eager in (False, True):
+        finalize._state.update(eager=eager, pending_skips=0)
+        a = object.__new__(ActiveKVConnector)
+        a.kv_connector, a._disabled, a._pending_load_kwargs = mock.MagicMock(), False, None
+        a.post_forward({"r1"}, defer_finalize=True)
+        at_post = [c[0] for c in a.kv_connector.method_calls]
+        a.finalize_step()
+        after = [c[0] for c in a.kv_connector.method_calls][len(at_post):]
+        finalizing = {"wait_for_save", "clear_connector_metadata"}
+        assert finalizing <= set(at_post) if eager else not finalizing & set(at_post)
+        assert not finalizing & set(after) if eager else finalizing <= set(after)

@@ -9,6 +9,18 @@ import sys
 import pytest
 
 
+def vllm_parser():
+    """vLLM's own server parser (``make_arg_parser``: ``vllm.entrypoints.launchers.cli_args``
+    in 0.32.0, ``vllm.entrypoints.common.cli_args`` in 0.33.0)."""
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ModuleNotFoundError:
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser())
+
+
 def plan(*args: str) -> list[dict]:
     out = subprocess.run([sys.executable, "-m", "workbench", "plan", *args],
                          capture_output=True, text=True, check=True).stdout
@@ -17,14 +29,11 @@ def plan(*args: str) -> list[dict]:
 
 @pytest.mark.parametrize("profile", ["gpu", "gpu-single", "cpu"])
 def test_plan_command_lines_parse_with_vllms_parser_no_gpu(profile):
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
     servers = plan("--profile", profile)
     assert [s["role"] for s in servers] == ["p", "d", "baseline"]
     for s in servers:
         argv = s["argv"]
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+        args = vllm_parser().parse_args(
             argv[argv.index("vllm.entrypoints.openai.api_server") + 1:])
         assert args.host == "127.0.0.1"
         assert args.speculative_config["method"] == "eagle3"
@@ -41,14 +50,11 @@ def test_plan_command_lines_parse_with_vllms_parser_no_gpu(profile):
 
 def test_gpu_plan_without_enforce_eager_lets_mrv2_warm_up_no_gpu():
     """Model Runner V2's start-up warm-up (dirty_source=warmup's source) needs graphs on."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
     servers = plan("--profile", "gpu", "--no-enforce-eager", "--knob", "blocks=dirty",
                    "--knob", "dirty_source=warmup")
     for s in servers:
         argv = s["argv"]
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+        args = vllm_parser().parse_args(
             argv[argv.index("vllm.entrypoints.openai.api_server") + 1:])
         assert not args.enforce_eager
     bad = subprocess.run(

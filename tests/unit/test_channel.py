@@ -149,14 +149,63 @@ def test_plugin_refuses_unsupported_vllm(monkeypatch, tmp_path):
         assert v in msg
 
 
-def test_supported_versions():
+@pytest.mark.parametrize("version", ["0.32.0+cpu", "0.33.0"])
+def test_plugin_accepts_both_releases(monkeypatch, tmp_path, version):
+    from workbench.knobs import plugin, release
+
+    monkeypatch.setenv(spec.ENV_CONTROL_FILE, str(tmp_path / "k.json"))
+    monkeypatch.setattr(plugin, "_installed", False)
+    monkeypatch.setattr(release, "vllm_version", lambda: version)
+    installed = []
+    monkeypatch.setattr(plugin, "_install_knobs", lambda: installed.append(version))
+    plugin.register()
+    assert installed == [version]
+
+
+def test_session_refuses_an_unknown_release_before_any_server_starts(monkeypatch, tmp_path):
+    from workbench import experiment
+    from workbench.config import ConfigError, ExperimentConfig
     from workbench.knobs import release
 
-    assert release.SUPPORTED_VLLM == ("0.32.0",)
+    monkeypatch.setattr(release, "vllm_version", lambda: "0.34.0")
+    started = []
+    monkeypatch.setattr(experiment, "start_all", lambda *a, **k: started.append(a))
+    with experiment.Session(tmp_path) as s, pytest.raises(ConfigError, match="0.34.0"):
+        s.ensure(ExperimentConfig())
+    assert started == []
+
+
+def test_supported_versions():
+    """Both releases of the per-release table; anything else refused, naming both."""
+    from workbench.knobs import release
+
+    assert release.SUPPORTED_VLLM == ("0.32.0", "0.33.0") == tuple(release.RELEASES)
     assert release.check_version("0.32.0") == "0.32.0"
     assert release.check_version("0.32.0+cpu") == "0.32.0+cpu"
-    with pytest.raises(RuntimeError, match="0.32.0"):
-        release.check_version("0.33.0")
+    assert release.check_version("0.33.0") == "0.33.0"
+    assert release.current("0.33.0+cpu").version == "0.33.0"  # a CPU 0.33.0 when one appears
+    for bad in ("0.31.2", "0.34.0", "0.33.1"):
+        with pytest.raises(RuntimeError, match=r"0\.32\.0, 0\.33\.0"):
+            release.check_version(bad)
+
+
+def test_release_table_picks_the_finalize_mechanism_per_release():
+    """0.32.0's MRV2 has no defer_finalize (stash at finish_forward); 0.33.0's has it."""
+    from workbench.knobs import finalize, release
+    from workbench.knobs.component import resolve
+
+    old, new = release.RELEASES["0.32.0"], release.RELEASES["0.33.0"]
+    assert resolve(old.patch_set("finalize", "v2").install) is finalize.install_v2_stash
+    assert resolve(new.patch_set("finalize", "v2").install) is finalize.install_v2_defer
+    for r in (old, new):
+        assert resolve(r.patch_set("finalize", "v1").install) is finalize.install_v1
+        assert r.patch_set("lookahead", "v2") is r.patches["lookahead"]  # runner-independent
+    with pytest.raises(KeyError, match="load_step"):
+        new.patch_set("load_step")
+    for r in (old, new):  # every reference resolves to a tuple of the documented shape
+        for ps in r.patches.values():
+            assert all(len(t) == 4 for t in resolve(ps.targets))
+            assert all(len(s) == 3 and s[2] for s in (resolve(ps.source) if ps.source else ()))
 
 
 def test_control_thread_is_daemon(tmp_path, monkeypatch):

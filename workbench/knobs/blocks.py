@@ -49,6 +49,15 @@ WORKER_TARGETS = (
      ["self", "block_ids"]),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_init_kv_zero_meta", ["self"]),
 )
+# vLLM's gated zeroing the knob switches on; D skips blocks an async connector load writes.
+ENGINE_SOURCE = (
+    ("vllm.v1.core.sched.scheduler", "Scheduler.__init__", ("self.needs_kv_cache_zeroing = ",)),
+    ("vllm.v1.core.sched.scheduler", "Scheduler._get_new_block_ids_to_zero",
+     ("if not self.needs_kv_cache_zeroing",)),
+    ("vllm.v1.core.single_type_kv_cache_manager", "SingleTypeKVCacheManager.__init__",
+     ("self._record_new_block_ids = ",)),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", ("skip_zeroing_group_ids=",)),
+)
 V2_WORKER_TARGETS = (
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "_init_kv_zero_meta", ["self"]),
     ("vllm.v1.worker.utils", "KVBlockZeroer", "zero_block_ids", ["self", "block_ids"]),

@@ -25,6 +25,12 @@ TARGETS = (
     ("vllm.v1.core.kv_cache_manager", "KVCacheManager", "get_block_ids",
      ["self", "request_id"]),
 )
+# The clipped hand-off the knob undoes, and the scheduler's call to it on request finish.
+SOURCE = (
+    ("vllm.v1.core.kv_cache_manager", "KVCacheManager.get_block_ids_for_computed_tokens",
+     ("self.get_block_ids(request_id)", "cdiv(num_computed_tokens")),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", ("get_block_ids_for_computed_tokens(",)),
+)
 
 _state = {"legacy": False}
 

@@ -25,6 +25,11 @@ TARGETS = (
     ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule", ["self", "throttle_prefills"]),
     ("vllm.v1.core.sched.scheduler", "Scheduler", "__init__", None),
 )
+# The attribute the knob overrides is set from the config once, in Scheduler.__init__.
+SOURCE = (
+    ("vllm.v1.core.sched.scheduler", "Scheduler.__init__",
+     ("self.num_lookahead_tokens = vllm_config.num_lookahead_tokens",)),
+)
 
 
 def install(comp: Component) -> None:

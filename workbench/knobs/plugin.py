@@ -30,6 +30,17 @@ from .component import log, resolve, start_component
 from .http_channel import METHOD, worker_method
 from .release import check_version, runner_kind
 
+# What register() patches to start the components (and the knob channel over HTTP).
+TARGETS = (
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "__init__", None),
+    ("vllm.v1.worker.gpu_worker", "Worker", "initialize_from_config", ["self", "kv_cache_config"]),
+)
+# The worker component starts once the KV cache (and with it the connector) exists.
+SOURCE = (
+    ("vllm.v1.worker.gpu_worker", "Worker.initialize_from_config",
+     ("self.model_runner.initialize_kv_cache(",)),
+)
+
 _lock = threading.Lock()
 _installed = False
 

