@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from . import rundir
 from .config import ConfigError, ExperimentConfig
 from .knobs import channel, http_channel
 from .knobs import spec as knob_spec
@@ -76,8 +77,9 @@ class FileChannel(KnobChannel):
     def __init__(self, knobs_file: str | Path, state_dir: str | Path) -> None:
         super().__init__()
         # Absolute: servers, notebook kernels (cwd notebooks/) and this process share them.
-        self.knobs_file = Path(knobs_file).resolve()
-        self.state_dir = Path(state_dir).resolve()
+        # Not resolved: a symlink planted at the state directory must be seen (and refused).
+        self.knobs_file = Path(knobs_file).absolute()
+        self.state_dir = Path(state_dir).absolute()
         self.where = str(self.state_dir)
 
     @classmethod
@@ -86,7 +88,9 @@ class FileChannel(KnobChannel):
         return cls(Path(log_dir) / "knobs.json", Path(log_dir) / "knob-state")
 
     def prepare(self, cfg: ExperimentConfig) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        """Clear the state files of earlier servers and write version 1. The state directory
+        must be private (a planted symlink would make the clear-out delete files elsewhere)."""
+        rundir.private_dir(self.state_dir)
         for f in self.state_dir.glob("*.json"):
             f.unlink()
         self.version += 1

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from . import channels, plan, profiles
+from . import channels, plan, profiles, rundir
 from . import prompts as prompt_sets
 from .baseline_cache import BaselineCache
 from .config import ConfigError, ExperimentConfig
@@ -47,7 +47,9 @@ class Session:
             self._tmp = tempfile.TemporaryDirectory(prefix="workbench-")
             log_dir = self._tmp.name
         # Absolute: servers, notebook kernels (cwd notebooks/) and this process share the paths.
-        self.log_dir = Path(log_dir).resolve()
+        # Private and locked: its control and state files are what results report as read back.
+        self.log_dir = rundir.private_dir(log_dir).resolve()
+        self._lock = rundir.DirLock(self.log_dir, "a Session's servers and knob channel")
         self.channel = channel or channels.FileChannel.in_dir(self.log_dir)
         self.attached = False
         self.servers: dict[str, Any] = {}
@@ -136,6 +138,7 @@ class Session:
 
     def close(self) -> None:
         self.stop()
+        self._lock.release()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

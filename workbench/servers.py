@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from . import rundir
 from .config import ConfigError
 from .knobs import spec as knob_spec
 
@@ -205,6 +206,7 @@ class VllmServer:
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
         self.ready_seconds: float | None = None
+        self._log_offset = 0  # where this start's output begins in the (appended) log
 
     @property
     def url(self) -> str:
@@ -215,12 +217,14 @@ class VllmServer:
         if self.proc is not None and self.proc.poll() is None:
             return self
         _install_handlers()
-        self.spec.log_dir.mkdir(parents=True, exist_ok=True)
+        rundir.private_dir(self.spec.log_dir)
         env = dict(os.environ)
         env.update(self.spec.env())
         cmd = [sys.executable, "-m", "workbench.reaper", "--parent", str(os.getpid()), "--"]
         cmd += self.spec.command()
-        with self.spec.log_path.open("ab") as log:
+        # Not through a symlink planted at the log's name (it would append to another file).
+        with os.fdopen(rundir.open_append(self.spec.log_path), "ab") as log:
+            self._log_offset = os.fstat(log.fileno()).st_size
             log.write(f"# {' '.join(self.spec.command())}\n".encode())
             log.flush()
             self.started_at = time.monotonic()
