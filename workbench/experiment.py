@@ -21,7 +21,8 @@ import httpx
 from . import channels, plan, profiles, rundir
 from . import prompts as prompt_sets
 from .baseline_cache import BaselineCache
-from .config import ConfigError, ExperimentConfig
+from .config import ConfigError, ExperimentConfig, exposure_notes
+from .knobs import release
 from .knobs.notes import knob_notes
 from .knobs.release import vllm_version
 from .measure import Progress, Requests, measure, run_coro
@@ -121,6 +122,7 @@ class Session:
         if not self.needs_start(cfg):
             return
         self.stop()
+        check_vllm_release()
         specs = plan.server_specs(cfg, self.log_dir, knobs_file=self.knobs_file,
                                   state_dir=self.state_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -219,10 +221,20 @@ class Session:
             knobs={"requested": dict(cfg.knobs), **states,
                    "startup_seconds": dict(self.startup_seconds)},
             pd=None, baseline=None, token_agreement=None,
-            notes=knob_notes(cfg.knobs, device=device, prompt_set=cfg.prompt_set,
-                             enforce_eager=cfg.enforce_eager_in_force(),
-                             concurrency=cfg.concurrency),
+            notes=exposure_notes(cfg) + knob_notes(
+                cfg.knobs, device=device, prompt_set=cfg.prompt_set,
+                enforce_eager=cfg.enforce_eager_in_force(), concurrency=cfg.concurrency),
         )
+
+
+def check_vllm_release() -> None:
+    """Refuse a vLLM the plugin was not written for before any server starts: inside the
+    servers the plugin's own refusal (``release.check_version``) comes only after all three
+    have spent their start-up loading weights."""
+    try:
+        release.check_version()
+    except RuntimeError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _row(p: prompt_sets.Prompt, cfg: ExperimentConfig) -> dict[str, Any]:
