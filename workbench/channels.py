@@ -158,6 +158,11 @@ def for_attach(urls: dict[str, str], knobs_file: str | Path | None,
     else HTTP when every server answers it (``knobs_over_http=None`` tries it and records why
     not, ``True`` requires it, ``False`` never tries)."""
     if knobs_file and state_dir:
+        # What is read there is reported as read back from the servers: refuse a place that
+        # others could write (when it exists; `serve` makes both private).
+        for d in (Path(state_dir), Path(knobs_file).parent):
+            if d.exists() or d.is_symlink():
+                rundir.check_private(d)
         return FileChannel(knobs_file, state_dir)
     if knobs_file or state_dir or knobs_over_http is False:
         return NoChannel()

@@ -64,6 +64,17 @@ def test_planted_state_dir_symlink_deletes_nothing(tmp_path):
     assert (elsewhere / "precious.json").is_file()
 
 
+def test_attach_refuses_a_state_dir_others_can_write(tmp_path):
+    """Whoever can write the state directory could forge the values reported as read back
+    from the servers."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(rundir.RunDirError, match="writable by group or others"):
+        Session.attach({"d": "http://127.0.0.1:9"}, knobs_file=tmp_path / "knobs.json",
+                       state_dir=shared)
+
+
 def test_planted_log_symlink_is_not_appended_to(tmp_path, monkeypatch):
     victim = tmp_path / "victim.txt"
     victim.write_text("untouched\n")
