@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import rundir
 from .config import ConfigError, ExperimentConfig
 from .knobs import channel, http_channel
 from .knobs import spec as knob_spec
@@ -85,8 +86,9 @@ class FileChannel(KnobChannel):
     def __init__(self, knobs_file: str | Path, state_dir: str | Path) -> None:
         super().__init__()
         # Absolute: servers, notebook kernels (cwd notebooks/) and this process share them.
-        self.knobs_file = Path(knobs_file).resolve()
-        self.state_dir = Path(state_dir).resolve()
+        # Not resolved: a symlink planted at the state directory must be seen (and refused).
+        self.knobs_file = Path(knobs_file).absolute()
+        self.state_dir = Path(state_dir).absolute()
         self.where = str(self.state_dir)
 
     @classmethod
@@ -95,7 +97,9 @@ class FileChannel(KnobChannel):
         return cls(Path(log_dir) / "knobs.json", Path(log_dir) / "knob-state")
 
     def prepare(self, cfg: ExperimentConfig) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        """Clear the state files of earlier servers and write version 1. The state directory
+        must be private (a planted symlink would make the clear-out delete files elsewhere)."""
+        rundir.private_dir(self.state_dir)
         for f in self.state_dir.glob("*.json"):
             f.unlink()
         self.version += 1
@@ -192,6 +196,11 @@ def for_attach(urls: dict[str, str], knobs_file: str | Path | None,
     else HTTP when every server answers it (``knobs_over_http=None`` tries it and records why
     not, ``True`` requires it, ``False`` never tries)."""
     if knobs_file and state_dir:
+        # What is read there is reported as read back from the servers: refuse a place that
+        # others could write (when it exists; `serve` makes both private).
+        for d in (Path(state_dir), Path(knobs_file).parent):
+            if d.exists() or d.is_symlink():
+                rundir.check_private(d)
         return FileChannel(knobs_file, state_dir)
     if knobs_file or state_dir or knobs_over_http is False:
         return NoChannel()

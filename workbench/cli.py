@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from . import rundir
 from .config import SWEEP_NUM_PROMPTS, ConfigError, ExperimentConfig, read_json
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
@@ -39,7 +40,11 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-enforce-eager", action="store_true",
                     help="drop --enforce-eager (every profile sets it, as vLLM's PD test does): "
                     "graphs compile and Model Runner V2 runs its start-up warm-up")
-    ap.add_argument("--host", help="address servers bind to (default 127.0.0.1)")
+    ap.add_argument("--host", help="address servers bind to (default 127.0.0.1; anything but "
+                    "loopback needs --allow-remote)")
+    ap.add_argument("--allow-remote", action="store_true",
+                    help="allow a --host beyond loopback: the servers' endpoints (dev mode "
+                    "included) and NIXL's side channel become reachable from other machines")
     for role in ("p", "d", "baseline"):
         ap.add_argument(f"--port-{role}", type=int,
                         help=f"port of the {role} server (default: a free one)")
@@ -58,10 +63,12 @@ def _flag_values(args: argparse.Namespace, data: dict) -> dict:
     for f in _FLAG_FIELDS:
         if getattr(args, f, None) is not None:
             data[f] = getattr(args, f)
-    ports = dict(data.get("ports", {}))
+    # A config file's ports or knobs that are no object are left for the config's
+    # validation, which names them (merging flags into them would fail with no name).
+    ports = data.get("ports", {})
     for role in ("p", "d", "baseline"):
-        if getattr(args, f"port_{role}", None) is not None:
-            ports[role] = getattr(args, f"port_{role}")
+        if getattr(args, f"port_{role}", None) is not None and isinstance(ports, dict):
+            ports = {**ports, role: getattr(args, f"port_{role}")}
     if ports:
         data["ports"] = ports
     if args.no_baseline:
@@ -70,11 +77,15 @@ def _flag_values(args: argparse.Namespace, data: dict) -> dict:
         data["enforce_eager"] = False
     if getattr(args, "kv_probe", False):
         data["kv_probe"] = True
+    if args.allow_remote:
+        data["allow_remote"] = True
     try:
-        data["knobs"] = knob_spec.parse_assignments(args.knob, data.get("knobs", {}))
+        if isinstance(data.get("knobs", {}), dict):
+            data["knobs"] = knob_spec.parse_assignments(args.knob, data.get("knobs", {}))
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if data["knobs"].get("kv_probe") == "on":  # the knob's name works too: one switch
+    # The knob's name works too: one switch.
+    if isinstance(data.get("knobs"), dict) and data["knobs"].get("kv_probe") == "on":
         data["kv_probe"] = True
     return data
 
@@ -110,12 +121,48 @@ def parse_attach(text: str | None) -> dict[str, str] | None:
     return urls
 
 
+def check_attach(urls: dict[str, str], timeout: float = 3.0) -> None:
+    """Every attach URL answers ``/health`` now: a dead one is refused in seconds, before the
+    knob channel's probes and the servers' start-up waits would spend a minute on it."""
+    import httpx
+
+    for role, url in urls.items():
+        try:
+            parsed = httpx.URL(url)
+            if parsed.scheme not in ("http", "https") or not parsed.host:
+                raise ValueError("not an http(s) URL with a host")
+            status = httpx.get(f"{url.rstrip('/')}/health", timeout=timeout).status_code
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as e:
+            raise ConfigError(f"--attach {role}={url!r}: no server answers there "
+                              f"({type(e).__name__}: {e}); start it, or fix the URL "
+                              "(expected http://HOST:PORT)") from None
+        if status != 200:
+            raise ConfigError(f"--attach {role}={url!r}: /health answered {status}, not 200 "
+                              "(its engine is not up)")
+
+
+def check_before_start(cfg: ExperimentConfig) -> None:
+    """What the session checks again right before its servers start, checked here first so a
+    CLI user hears in a second, not after prompts and tokenizer are loaded: the installed
+    vLLM release, and the ports asked for."""
+    from .experiment import check_vllm_release
+    from .servers import check_port_free
+
+    check_vllm_release()
+    for port in cfg.ports.values():
+        check_port_free(port, cfg.host)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from . import experiment
 
     cfg = config_from_args(args)
     urls = parse_attach(args.attach)
-    out = Path(args.out)
+    out = rundir.check_out_dir(args.out)
+    if urls:
+        check_attach(urls)
+    else:
+        check_before_start(cfg)
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "workbench", *sys.argv[1:]])
     bar = None
     try:
@@ -150,7 +197,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     base = config_from_args(args, defaults={"num_prompts": SWEEP_NUM_PROMPTS})
     points = sweep.grid_points(args.grid)  # an unknown grid fails before any server starts
-    out = Path(args.out)
+    out = rundir.check_out_dir(args.out)
+    check_before_start(base)
 
     def on_point(pt, status):
         print(f"[sweep] {pt.name}: {status}", flush=True)
@@ -186,6 +234,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .experiment import Session
 
     cfg = config_from_args(args)
+    check_before_start(cfg)
     with Session(args.log_dir) as s:
         s.ensure(cfg)
         info = {"urls": {r: v.url for r, v in s.servers.items()},

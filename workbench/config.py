@@ -5,12 +5,13 @@ All checks run before any server starts, so a typo costs a second, not a 45-seco
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from . import models, profiles
+from . import modelfiles, models, profiles
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
 from .prompts import SOURCES as _PROMPT_SOURCES
@@ -48,6 +49,7 @@ class ExperimentConfig:
     run_baseline: bool = True
     run_pd: bool = True
     host: str = "127.0.0.1"
+    allow_remote: bool = False  # True: a host other than loopback is allowed (exposes the servers)
     ports: dict[str, int] = field(default_factory=dict)  # role -> port; unset roles get a free one
     label: str = ""  # a name for the run in tables and figures
     require_models: bool = True  # False only to print a plan for models not on this machine
@@ -67,10 +69,9 @@ class ExperimentConfig:
         self.validate()
 
     def validate(self) -> None:
-        for name in ("target", "drafter") if self.require_models else ():
-            # A local directory, or a Hugging Face id (downloaded before servers start).
-            if (why := models.problem(str(getattr(self, name)))) is not None:
-                raise ConfigError(f"{name} model {why}")
+        _check_types(self)
+        if self.require_models:
+            _check_models(self)
         if self.profile not in profiles.PROFILES:
             raise ConfigError(f"profile {self.profile!r} is unknown; allowed: "
                               f"{', '.join(profiles.PROFILES)}")
@@ -81,24 +82,13 @@ class ExperimentConfig:
             )
         if self.prompt_file is not None and not Path(self.prompt_file).is_file():
             raise ConfigError(f"prompt file {self.prompt_file!r} does not exist")
-        for name in ("k_p", "k_d"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ConfigError(
-                    f"{name}={v!r}: the number of draft tokens must be an integer >= 1")
-        for name in ("num_prompts", "max_tokens", "concurrency"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{name}={v!r} must be an integer >= 1")
+        _check_integers(self)
         if profiles.PROFILES[self.profile].device == "cpu" and self.block_size % 32:
             raise ConfigError(
                 f"block_size={self.block_size}: the CPU attention backend needs a multiple of 32"
             )
-        for role, port in self.ports.items():
-            if role not in ROLES:
-                raise ConfigError(f"ports: unknown role {role!r}; allowed: {', '.join(ROLES)}")
-            if not isinstance(port, int) or not 0 < port < 65536:
-                raise ConfigError(f"ports[{role!r}]={port!r} must be an integer in 1..65535")
+        _check_ports(self)
+        _check_host(self)
         if self.enforce_eager not in (None, True, False):
             raise ConfigError(f"enforce_eager={self.enforce_eager!r} must be true, false or null "
                               "(null: the profile's)")
@@ -106,6 +96,8 @@ class ExperimentConfig:
             raise ConfigError("run_baseline and run_pd are both False: nothing to run")
         if not isinstance(self.kv_probe, bool):
             raise ConfigError(f"kv_probe={self.kv_probe!r} must be true or false")
+        if not isinstance(self.knobs, dict):
+            raise ConfigError(f"knobs={self.knobs!r} must be an object of knob name -> value")
         try:
             self.knobs = knob_spec.validate(dict(self.knobs))
         except ValueError as e:
@@ -173,3 +165,104 @@ def read_json(path: str | Path) -> Any:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"config file {str(path)!r} is not valid JSON: {e}") from None
+
+
+# --- field checks (each names the value and what is allowed) ---------------------------------
+_STR_FIELDS = ("target", "drafter", "profile", "prompt_set", "host", "label")
+_BOOL_FIELDS = ("run_baseline", "run_pd", "require_models", "allow_remote")
+# integer fields and their least value: a bool is not an integer here (True would be k=1)
+_INT_FIELDS = {"k_p": 1, "k_d": 1, "num_prompts": 1, "max_tokens": 1, "concurrency": 1,
+               "block_size": 1, "kv_cache_bytes": 1, "max_model_len": 1, "seed": 0}
+LOOPBACK_NAMES = ("localhost",)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_types(cfg: ExperimentConfig) -> None:
+    for name in _STR_FIELDS:
+        v = getattr(cfg, name)
+        if not isinstance(v, str) or (name == "host" and not v):
+            raise ConfigError(f"{name}={v!r} must be a non-empty string" if name == "host"
+                              else f"{name}={v!r} must be a string")
+    if cfg.prompt_file is not None and not isinstance(cfg.prompt_file, str):
+        raise ConfigError(f"prompt_file={cfg.prompt_file!r} must be a path string or null")
+    for name in _BOOL_FIELDS:
+        v = getattr(cfg, name)
+        if not isinstance(v, bool):
+            raise ConfigError(f"{name}={v!r} must be true or false")
+    for name in ("startup_timeout_s", "request_timeout_s"):
+        v = getattr(cfg, name)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+            raise ConfigError(f"{name}={v!r} must be a number of seconds > 0")
+
+
+def _check_integers(cfg: ExperimentConfig) -> None:
+    for name, least in _INT_FIELDS.items():
+        v = getattr(cfg, name)
+        if not _is_int(v) or v < least:
+            what = " (the number of draft tokens)" if name in ("k_p", "k_d") else ""
+            raise ConfigError(f"{name}={v!r}{what} must be an integer >= {least}")
+
+
+def _check_models(cfg: ExperimentConfig) -> None:
+    """Each model is a directory with a config.json or a Hugging Face id (downloaded before
+    servers start, ``models.fetch``); two local directories: the target has a tokenizer and
+    the drafter's config fits the target's (``modelfiles.check_pair``)."""
+    for name in ("target", "drafter"):
+        if (why := models.problem(str(getattr(cfg, name)))) is not None:
+            raise ConfigError(f"{name} model {why}")
+    if models.is_hub_id(str(cfg.target)) or models.is_hub_id(str(cfg.drafter)):
+        return  # checked once downloaded: the servers' own load says what does not fit
+    try:
+        modelfiles.check_pair(Path(cfg.target).expanduser(), Path(cfg.drafter).expanduser())
+    except modelfiles.ModelFilesError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_ports(cfg: ExperimentConfig) -> None:
+    if not isinstance(cfg.ports, dict):
+        raise ConfigError(f"ports={cfg.ports!r} must be an object of role -> port, e.g. "
+                          '{"p": 8100, "d": 8200}; allowed roles: ' + ", ".join(ROLES))
+    seen: dict[int, str] = {}
+    for role, port in cfg.ports.items():
+        if role not in ROLES:
+            raise ConfigError(f"ports: unknown role {role!r}; allowed: {', '.join(ROLES)}")
+        if not _is_int(port) or not 0 < port < 65536:
+            raise ConfigError(f"ports[{role!r}]={port!r} must be an integer in 1..65535")
+        if port in seen:
+            raise ConfigError(f"ports: {seen[port]} and {role} both ask for port {port}; each "
+                              "role needs its own port")
+        seen[port] = role
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_host(cfg: ExperimentConfig) -> None:
+    """Servers bind where ``host`` says, and NIXL's side channel follows: anything but
+    loopback needs an explicit ``allow_remote`` (``--allow-remote``)."""
+    if cfg.allow_remote or is_loopback(cfg.host):
+        return
+    raise ConfigError(
+        f"host={cfg.host!r} is not a loopback address: P, D and the baseline (their "
+        "unauthenticated OpenAI and dev-mode endpoints) and NIXL's side channel on P and D "
+        "would accept connections from other machines; allowed: 127.0.0.1 (or any 127.x, ::1, "
+        "localhost), or pass --allow-remote (allow_remote=True) to expose them on purpose")
+
+
+def exposure_notes(cfg: ExperimentConfig) -> list[str]:
+    """The one note a result gets when its servers were bound beyond loopback."""
+    if is_loopback(cfg.host):
+        return []
+    return [f"servers bound to {cfg.host} (--allow-remote): P's, D's and the baseline's HTTP "
+            "endpoints (dev mode included: /reset_prefix_cache, /collective_rpc) and NIXL's side "
+            "channel on P and D (KV blocks) were reachable from other machines, with no "
+            "authentication"]

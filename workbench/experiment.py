@@ -18,13 +18,14 @@ from typing import Any
 
 import httpx
 
-from . import channels, kv_compare, models, plan, profiles
+from . import channels, kv_compare, models, plan, profiles, rundir
 from . import prompts as prompt_sets
 from .baseline_cache import BaselineCache
-from .config import ConfigError, ExperimentConfig
+from .config import ConfigError, ExperimentConfig, exposure_notes
+from .knobs import release
 from .knobs.kv_probe import prompt_key
 from .knobs.notes import knob_notes
-from .knobs.release import base_version, check_version, vllm_version
+from .knobs.release import base_version, vllm_version
 from .measure import Progress, Requests, measure, run_coro
 from .provenance import git_commit
 from .results import Result, aggregate, runner_in_force
@@ -48,7 +49,9 @@ class Session:
             self._tmp = tempfile.TemporaryDirectory(prefix="workbench-")
             log_dir = self._tmp.name
         # Absolute: servers, notebook kernels (cwd notebooks/) and this process share the paths.
-        self.log_dir = Path(log_dir).resolve()
+        # Private and locked: its control and state files are what results report as read back.
+        self.log_dir = rundir.private_dir(log_dir).resolve()
+        self._lock = rundir.DirLock(self.log_dir, "a Session's servers and knob channel")
         self.channel = channel or channels.FileChannel.in_dir(self.log_dir)
         self.attached = False
         self.servers: dict[str, Any] = {}
@@ -121,7 +124,7 @@ class Session:
             return
         self.stop()
         if self.knobs_file is not None:
-            _check_release()
+            check_vllm_release()
         specs = plan.server_specs(cfg, self.log_dir, knobs_file=self.knobs_file,
                                   state_dir=self.state_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -139,6 +142,7 @@ class Session:
 
     def close(self) -> None:
         self.stop()
+        self._lock.release()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -234,10 +238,20 @@ class Session:
             knobs={"requested": dict(cfg.knobs), **states,
                    "startup_seconds": dict(self.startup_seconds)},
             pd=None, baseline=None, token_agreement=None,
-            notes=knob_notes(cfg.knobs, device=device, prompt_set=cfg.prompt_set,
-                             enforce_eager=cfg.enforce_eager_in_force(),
-                             concurrency=cfg.concurrency),
+            notes=exposure_notes(cfg) + knob_notes(
+                cfg.knobs, device=device, prompt_set=cfg.prompt_set,
+                enforce_eager=cfg.enforce_eager_in_force(), concurrency=cfg.concurrency),
         )
+
+
+def check_vllm_release() -> None:
+    """Refuse a vLLM the plugin was not written for before any server starts: inside the
+    servers the plugin's own refusal (``release.check_version``) comes only after all three
+    have spent their start-up loading weights."""
+    try:
+        release.check_version()
+    except RuntimeError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _row(p: prompt_sets.Prompt, cfg: ExperimentConfig) -> dict[str, Any]:
@@ -247,15 +261,6 @@ def _row(p: prompt_sets.Prompt, cfg: ExperimentConfig) -> dict[str, Any]:
     return {"id": p.id, "prompt_len": n, "prompt_len_mod_block": n % cfg.block_size,
             "affected": prompt_sets.bad_case(n, lookahead, cfg.block_size),
             "prime_d": p.prime_d, "source": p.source}
-
-
-def _check_release() -> None:
-    """Refuse a vLLM the plugin was not written for before any server starts (each server's
-    plugin would refuse it too, but only after a slow start)."""
-    try:
-        check_version()
-    except RuntimeError as e:
-        raise ConfigError(str(e)) from None
 
 
 def _default_command() -> str:

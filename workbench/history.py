@@ -6,6 +6,7 @@ browser (papermill, tests).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -18,6 +19,24 @@ TABLE_FIRST = ("run", "repeat", "label", "prompt_set", "num_prompts", "k_p", "k_
 TABLE_LAST = ("pd_acceptance_length", "baseline_acceptance_length", "token_agreement",
               "wall_seconds")
 MAX_PLOTTED = 6  # the figure shows the last few runs; the table and export keep all
+
+
+RUN_DIR = re.compile(r"run(\d+)-rep\d+$")
+
+
+def claim_run_dir(runs_dir: Path) -> int:
+    """The next run number under ``runs_dir``, claimed by creating its first repeat's
+    directory (``mkdir`` fails for everyone but one): numbers go on from the runs already on
+    disk, so an explorer in a new kernel never overwrites an earlier kernel's ``run001``."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    taken = [int(m.group(1)) for d in runs_dir.iterdir() if (m := RUN_DIR.match(d.name))]
+    n = max(taken, default=0) + 1
+    while True:
+        try:
+            (runs_dir / f"run{n:03d}-rep1").mkdir()
+            return n
+        except FileExistsError:
+            n += 1
 
 
 class RunHistory:

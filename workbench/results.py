@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,9 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import metrics, profiles, stats
+from . import metrics, profiles, rundir, stats
 from .knobs import spec as knob_spec
-from .provenance import atomic_write_json
+from .provenance import atomic_path, atomic_write_json
 
 
 @dataclass
@@ -334,12 +336,36 @@ def add_extra_drafts(result: Result, both: list[dict]) -> None:
 
 
 def append_to_store(result: Result, store: str | Path) -> Path:
-    """Append one row per run to a CSV results store (created with a header on first use)."""
+    """Append one row per run to a CSV results store (created with a header on first use).
+
+    Under a lock (``rundir.file_lock``), so writers in several processes keep every row. A
+    row whose columns the header has is a real append (the file is never rewritten and never
+    seen half-written by a reader of the rows before it); a row with new columns rewrites the
+    store atomically with the widened header."""
     store = Path(store)
-    store.parent.mkdir(parents=True, exist_ok=True)
     row = pd.DataFrame([result.summary_row()])
-    if store.exists():
-        old = pd.read_csv(store)
-        row = pd.concat([old, row], ignore_index=True)
-    row.to_csv(store, index=False)
+    with rundir.file_lock(store):
+        header = _store_header(store)
+        if header is None:
+            with atomic_path(store) as tmp:
+                row.to_csv(tmp, index=False)
+        elif set(row.columns) <= set(header):
+            text = row.reindex(columns=header).to_csv(index=False, header=False)
+            fd = rundir.open_append(store, 0o644)
+            with os.fdopen(fd, "a") as f:
+                f.write(text)
+        else:
+            table = pd.concat([pd.read_csv(store), row], ignore_index=True)
+            with atomic_path(store) as tmp:
+                table.to_csv(tmp, index=False)
     return store
+
+
+def _store_header(store: Path) -> list[str] | None:
+    """The store's columns, or None when it does not exist yet (or is empty)."""
+    try:
+        with store.open(newline="") as f:
+            first = next(csv.reader(f), None)
+    except FileNotFoundError:
+        return None
+    return first or None

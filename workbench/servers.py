@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from . import rundir
 from .config import ConfigError
 from .knobs import spec as knob_spec
 
@@ -33,15 +34,28 @@ class ServerError(RuntimeError):
     """A server failed to start or answer; the message points at its log."""
 
 
+PORT_RETRIES = 3  # new ports tried when an automatically chosen one is taken before the bind
+PORT_CLASH = "address already in use"  # uvicorn's and zmq's message for EADDRINUSE
+
+
+def _server_socket() -> socket.socket:
+    """A socket with the options of the servers that will bind the port: uvicorn (vLLM's API
+    server) sets SO_REUSEADDR, so a port whose old connections linger in TIME_WAIT is free
+    for it, and must not be called taken here."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return s
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with _server_socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
 
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     """Raise early, before any server starts, if a port the user asked for is taken."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with _server_socket() as s:
         try:
             s.bind((host, port))
         except OSError as e:
@@ -86,13 +100,24 @@ class ServerSpec:
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
 
+    # Which ports were chosen here (and may be chosen again if taken before the server binds).
+    auto_ports: tuple[str, ...] = ()
+
     def __post_init__(self) -> None:
+        auto = []
         if self.port is None:
-            self.port = free_port(self.host)
+            auto.append("port")
         else:
             check_port_free(self.port, self.host)
         if self.kv_role is not None and self.side_channel_port is None:
-            self.side_channel_port = free_port(self.host)
+            auto.append("side_channel_port")
+        self.auto_ports = tuple(auto)
+        self.reassign_ports()
+
+    def reassign_ports(self) -> None:
+        """Fresh free ports for every port chosen automatically."""
+        for name in self.auto_ports:
+            setattr(self, name, free_port(self.host))
 
     @property
     def url(self) -> str:
@@ -169,7 +194,9 @@ class ServerSpec:
 # Process ownership: every live server is in _LIVE until stopped; atexit and signals stop them.
 
 _LIVE: set[VllmServer] = set()
-_LOCK = threading.Lock()
+# Reentrant: the SIGTERM handler runs stop_all on the main thread, possibly while that very
+# thread holds the lock (adding or removing a server); a plain Lock would deadlock there.
+_LOCK = threading.RLock()
 _HANDLERS_INSTALLED = False
 
 
@@ -210,6 +237,7 @@ class VllmServer:
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
         self.ready_seconds: float | None = None
+        self._log_offset = 0  # where this start's output begins in the (appended) log
 
     @property
     def url(self) -> str:
@@ -220,12 +248,14 @@ class VllmServer:
         if self.proc is not None and self.proc.poll() is None:
             return self
         _install_handlers()
-        self.spec.log_dir.mkdir(parents=True, exist_ok=True)
+        rundir.private_dir(self.spec.log_dir)
         env = dict(os.environ)
         env.update(self.spec.env())
         cmd = [sys.executable, "-m", "workbench.reaper", "--parent", str(os.getpid()), "--"]
         cmd += self.spec.command()
-        with self.spec.log_path.open("ab") as log:
+        # Not through a symlink planted at the log's name (it would append to another file).
+        with os.fdopen(rundir.open_append(self.spec.log_path), "ab") as log:
+            self._log_offset = os.fstat(log.fileno()).st_size
             log.write(f"# {' '.join(self.spec.command())}\n".encode())
             log.flush()
             self.started_at = time.monotonic()
@@ -252,6 +282,15 @@ class VllmServer:
         except FileNotFoundError:
             return ""
         return "\n".join(text[-lines:])
+
+    def port_clash(self) -> bool:
+        """Whether this start failed because one of its ports was taken (its output only)."""
+        try:
+            with self.spec.log_path.open("rb") as f:
+                f.seek(self._log_offset)
+                return PORT_CLASH in f.read().decode(errors="replace").lower()
+        except OSError:
+            return False
 
     def wait_ready(self, timeout: float = 300.0) -> float:
         """Poll /health until 200; raise with the log's tail if the process dies or times out."""
@@ -355,9 +394,24 @@ def start_all(specs: list[ServerSpec], timeout: float) -> list[VllmServer]:
         for s in servers:
             s.start()
         for s in servers:
-            s.wait_ready(timeout)
+            _wait_ready_retrying_ports(s, timeout)
     except BaseException:
         for s in servers:
             s.stop()
         raise
     return servers
+
+
+def _wait_ready_retrying_ports(server: VllmServer, timeout: float) -> float:
+    """``wait_ready``; when a port chosen automatically was taken between the check and the
+    server's bind (another process got it first), restart on new ports, up to PORT_RETRIES."""
+    for attempt in range(PORT_RETRIES + 1):
+        try:
+            return server.wait_ready(timeout)
+        except ServerError:
+            if attempt == PORT_RETRIES or not (server.spec.auto_ports and server.port_clash()):
+                raise
+        server.stop()
+        server.spec.reassign_ports()
+        server.start()
+    raise AssertionError("unreachable")

@@ -9,6 +9,7 @@ knob changes, and the executed notebook stays on disk as the record of that run.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 import time
@@ -19,9 +20,10 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from . import paths
+from . import modelfiles, paths, rundir
 from .config import ConfigError, ExperimentConfig
 from .knobs import spec as knob_spec
+from .knobs.release import vllm_version
 from .provenance import atomic_write_json
 from .results import Result
 
@@ -44,7 +46,10 @@ class Point:
 
     @property
     def slug(self) -> str:
-        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+        """The point's directory name under ``points/``; a name with no letter or digit gets
+        one made from its hash (an empty slug would write into ``points/`` itself)."""
+        slug = re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+        return slug or "point-" + hashlib.sha256(self.name.encode()).hexdigest()[:10]
 
 
 # The default sweep behind `make figures`: each knob's effect, plus the settings that show
@@ -102,6 +107,16 @@ def grid_points(name: str) -> list[Point]:
     return GRIDS[name]
 
 
+def check_slugs(points: list[Point]) -> None:
+    """Two points with one slug would share a directory, each overwriting the other's run."""
+    seen: dict[str, str] = {}
+    for pt in points:
+        if pt.slug in seen:
+            raise ConfigError(f"points {seen[pt.slug]!r} and {pt.name!r} share the directory "
+                              f"name {pt.slug!r}: rename one")
+        seen[pt.slug] = pt.name
+
+
 def point_config(base: ExperimentConfig, pt: Point) -> ExperimentConfig:
     knobs = dict(base.knobs)
     knobs.update(pt.knobs)
@@ -111,14 +126,93 @@ def point_config(base: ExperimentConfig, pt: Point) -> ExperimentConfig:
     return cfg
 
 
-def is_complete(point_dir: Path) -> bool:
-    p = point_dir / "result.json"
-    if not p.is_file():
-        return False
+POINT_RECORD = "point.json"  # beside result.json: what the point ran with, and its digest
+
+
+class PointIdentity:
+    """What a point's result depends on: its full config, the vLLM version and the model
+    files' identity (``modelfiles.identity``, computed once per directory per sweep)."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, dict] = {}
+        self.vllm_version = vllm_version()
+
+    def record(self, cfg: ExperimentConfig) -> dict:
+        models = {}
+        for role in ("target", "drafter"):
+            path = getattr(cfg, role)
+            if path not in self._models:
+                self._models[path] = modelfiles.identity(path)
+            models[role] = self._models[path]["sha256"]
+        rec = {"config": cfg.to_dict(), "vllm_version": self.vllm_version, "models": models}
+        return {"digest": _digest(rec), **rec}
+
+
+def _digest(rec: dict) -> str:
+    body = {k: rec[k] for k in ("config", "vllm_version", "models")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _read(path: Path) -> dict | None:
     try:
-        return bool(json.loads(p.read_text()).get("complete"))
-    except json.JSONDecodeError:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def recorded(point_dir: Path) -> dict | None:
+    """What a complete point ran with: its ``point.json`` when that agrees with its
+    ``result.json``; else (a point from before digests) the result's own config and vLLM
+    version, models "not recorded". None when the point has no complete result."""
+    result = _read(point_dir / "result.json")
+    if not (result and result.get("complete")):
+        return None
+    rec = _read(point_dir / POINT_RECORD)
+    if rec and rec.get("config") == result.get("config"):
+        return rec
+    return {"config": result.get("config") or {}, "vllm_version": result.get("vllm_version"),
+            "models": "not recorded"}
+
+
+def differences(old: dict, new: dict) -> list[str]:
+    """The fields in which two point records differ, as ``name: old -> new``."""
+    out = []
+    oc, nc = old.get("config") or {}, new["config"]
+    for k in sorted(set(oc) | set(nc)):
+        if k == "knobs":
+            ok, nk = oc.get(k) or {}, nc.get(k) or {}
+            out += [f"knobs.{n}: {ok.get(n)!r} -> {nk.get(n)!r}"
+                    for n in sorted(set(ok) | set(nk)) if ok.get(n) != nk.get(n)]
+        elif oc.get(k) != nc.get(k):
+            out.append(f"{k}: {oc.get(k)!r} -> {nc.get(k)!r}")
+    if old.get("vllm_version") != new["vllm_version"]:
+        out.append(f"vllm_version: {old.get('vllm_version')!r} -> {new['vllm_version']!r}")
+    om, nm = old.get("models"), new["models"]
+    for role in ("target", "drafter"):
+        was = om.get(role) if isinstance(om, dict) else om
+        if was != nm[role]:
+            out.append(f"model files of the {role}: {_short(was)} -> {_short(nm[role])}")
+    return out
+
+
+def _short(v: object) -> str:
+    return f"sha256 {v[:12]}" if isinstance(v, str) and len(v) == 64 else repr(v)
+
+
+def is_complete(point_dir: Path, record: dict) -> bool:
+    """Whether the point's run can be kept: complete, and run with ``record`` exactly. A
+    complete point run with anything else is refused (ConfigError naming the fields that
+    differ), never silently kept nor silently overwritten."""
+    old = recorded(point_dir)
+    if old is None:
         return False
+    if _digest(old) == record["digest"]:
+        return True
+    diffs = differences(old, record) or ["digest"]
+    raise ConfigError(
+        f"{point_dir} holds a complete run of another configuration ({'; '.join(diffs)}): "
+        "pass --restart to rerun the sweep's points here, or another --out")
 
 
 def execute_point(cfg: ExperimentConfig, attach: dict, point_dir: Path, record: Path) -> None:
@@ -146,14 +240,32 @@ def run_sweep(
 ) -> pd.DataFrame:
     """Run every point not yet complete, then aggregate everything under ``out``.
 
-    With ``session`` the sweep runs on servers someone else owns (a notebook's, a test's)
-    and leaves them running; otherwise it starts its own and stops them at the end."""
+    A point is kept only when its complete run had this very config, vLLM and model files
+    (``is_complete``). ``out`` is private and locked for the sweep. With ``session`` the sweep
+    runs on servers someone else owns (a notebook's, a test's) and leaves them running;
+    otherwise it starts its own and stops them at the end."""
+    points = grid_points(grid) if isinstance(grid, str) else list(grid)
+    check_slugs(points)
+    out = rundir.private_dir(out).resolve()  # each point's notebook runs with cwd notebooks/
+    lock = rundir.DirLock(out, "a sweep")  # one sweep per --out: they would share servers' files
+    try:
+        return _sweep(points, out, base, use_papermill, resume, on_point, session)
+    finally:
+        lock.release()
+
+
+def _sweep(points: list[Point], out: Path, base: ExperimentConfig, use_papermill: bool,
+           resume: bool, on_point: Callable[[Point, str], None] | None,
+           session: Session | None) -> pd.DataFrame:
     from .experiment import Session
 
-    points = grid_points(grid) if isinstance(grid, str) else list(grid)
-    out = Path(out).resolve()  # each point's notebook runs with cwd notebooks/
-    (out / "points").mkdir(parents=True, exist_ok=True)
-    todo = [pt for pt in points if not (resume and is_complete(out / "points" / pt.slug))]
+    (out / "points").mkdir(exist_ok=True)
+    ident = PointIdentity()
+    configs = {pt.slug: point_config(base, pt) for pt in points}
+    records = {slug: ident.record(cfg) for slug, cfg in configs.items()}
+    # Every point is checked (and a mismatch refused) before any server starts.
+    todo = [pt for pt in points
+            if not (resume and is_complete(out / "points" / pt.slug, records[pt.slug]))]
     # Where the wall time goes: server starts, and each point's run (its notebook included).
     timing = {"started": time.time(), "points_run": len(todo),
               "points_skipped": len(points) - len(todo), "start_seconds": [], "points": {}}
@@ -168,7 +280,11 @@ def run_sweep(
                 continue
             if on_point:
                 on_point(pt, "running")
-            _run_one(session, point_config(base, pt), out, pt.slug, use_papermill, timing)
+            point_dir = out / "points" / pt.slug
+            (point_dir / POINT_RECORD).unlink(missing_ok=True)
+            _run_one(session, configs[pt.slug], out, pt.slug, use_papermill, timing)
+            if (_read(point_dir / "result.json") or {}).get("complete"):
+                atomic_write_json(point_dir / POINT_RECORD, records[pt.slug], indent=2)
         timing["startup_seconds"] = session.startup_seconds
     timing["wall_seconds"] = time.time() - timing["started"]
     atomic_write_json(out / "sweep-timing.json", timing, indent=2, sort_keys=False)
@@ -213,9 +329,12 @@ def run_point(config: dict, attach: dict | None, out_dir: str | Path,
 
 
 def load_results(out: str | Path, slugs: list[str] | None = None) -> list[Result]:
+    """The complete results under ``out/points`` (a failed or interrupted run's result.json
+    keeps its evidence on disk but is no row of the tables or figures)."""
     pdir = Path(out) / "points"
     dirs = [pdir / s for s in slugs] if slugs else sorted(d for d in pdir.iterdir() if d.is_dir())
-    return [Result.load(d) for d in dirs if (d / "result.json").is_file()]
+    results = [Result.load(d) for d in dirs if (d / "result.json").is_file()]
+    return [r for r in results if r.complete]
 
 
 def aggregate(out: str | Path, slugs: list[str] | None = None) -> pd.DataFrame:

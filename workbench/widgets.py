@@ -26,7 +26,7 @@ import pandas as pd
 from . import kv_plots, paths, plots
 from . import prompts as prompt_sets
 from .config import ConfigError, ExperimentConfig
-from .history import RunHistory
+from .history import RunHistory, claim_run_dir
 from .knobs import spec as knob_spec
 from .results import Result, knobs_in_force
 
@@ -299,6 +299,7 @@ class KnobExplorer:
         self.session.baseline_cache = (self._baseline_cache
                                        if self.controls["reuse_baseline"].value else None)
         run_no = len(self.history) + 1
+        disk_no = claim_run_dir(self.out_dir / "runs")  # on disk: after every earlier kernel's
         group: list[Result] = []
         self.run_button.disabled = True
         self.progress.value, self.progress.bar_style = 0, "info"
@@ -315,7 +316,7 @@ class KnobExplorer:
                 r = self.session.run(
                     cfg, progress=self._on_progress,
                     command=f"workbench.widgets.KnobExplorer ({cfg.label})",
-                    out_dir=self.out_dir / "runs" / f"run{run_no:03d}-rep{rep + 1}",
+                    out_dir=self.out_dir / "runs" / f"run{disk_no:03d}-rep{rep + 1}",
                 )
                 group.append(r)
         except BaseException:

@@ -224,11 +224,14 @@ def test_control_thread_is_daemon(tmp_path, monkeypatch):
         comp._thread.join(2)
 
 
-def test_nixl_progress_delay_env_is_checked(monkeypatch):
+@pytest.mark.parametrize("raw", ["soon", "-5", "1.5", ""])
+def test_malformed_nixl_progress_delay_is_ignored_with_a_warning(monkeypatch, raw):
+    """Issue 13, item 10: the plugin reads this in every vLLM process started in the
+    environment; raising there crashed each of them at start-up."""
     from workbench.knobs import nixl_progress
 
-    monkeypatch.setenv(spec.ENV_NIXL_PROGRESS_DELAY_US, "soon")
-    with pytest.raises(ValueError, match="soon"):
-        nixl_progress.requested_delay_us()
+    monkeypatch.setenv(spec.ENV_NIXL_PROGRESS_DELAY_US, raw)
+    with pytest.warns(RuntimeWarning, match=spec.ENV_NIXL_PROGRESS_DELAY_US):
+        assert nixl_progress.requested_delay_us() == 0
     monkeypatch.setenv(spec.ENV_NIXL_PROGRESS_DELAY_US, "1000")
     assert nixl_progress.requested_delay_us() == 1000

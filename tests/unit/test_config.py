@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from workbench import cli, servers
-from workbench.config import ExperimentConfig
+from workbench.config import ConfigError, ExperimentConfig, exposure_notes
 from workbench.knobs import spec as knob_spec
 
 
@@ -128,3 +128,18 @@ def test_cpu_profile_servers_get_the_delay_gpu_profiles_do_not(tmp_path):
     gpu = ExperimentConfig.for_profile("gpu", require_models=False)
     assert all(knob_spec.ENV_NIXL_PROGRESS_DELAY_US not in r.env()
                for r in server_specs(gpu, tmp_path))
+
+
+def test_a_remote_host_needs_allow_remote_and_is_noted(tiny_pair, tmp_path):
+    with pytest.raises(ConfigError, match="--allow-remote"):
+        ExperimentConfig(require_models=False, host="0.0.0.0")
+    cfg = ExperimentConfig(target=tiny_pair[0], drafter=tiny_pair[1], host="0.0.0.0",
+                           allow_remote=True)
+    (note,) = exposure_notes(cfg)
+    assert "0.0.0.0" in note and "side channel" in note
+    from workbench.plan import server_specs
+
+    for spec in server_specs(cfg, tmp_path):
+        assert spec.command()[spec.command().index("--host") + 1] == "0.0.0.0"
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert exposure_notes(ExperimentConfig(require_models=False, host=host)) == []

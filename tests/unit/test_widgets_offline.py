@@ -7,6 +7,7 @@ import pytest
 
 from workbench.config import ConfigError
 from workbench.experiment import Session
+from workbench.history import claim_run_dir
 from workbench.knobs import spec
 from workbench.widgets import KnobExplorer, knob_table
 
@@ -56,3 +57,12 @@ def test_failed_run_is_shown_in_the_panel(offline_explorer):
     assert "run failed" in ex.status.value
     assert ex.history == [] and not ex.run_button.disabled
     assert not ex.session.servers
+
+
+def test_explorer_run_numbers_go_on_after_earlier_kernels(tmp_path):
+    runs = tmp_path / "runs"
+    (runs / "run001-rep1").mkdir(parents=True)
+    (runs / "run002-rep3").mkdir()
+    assert claim_run_dir(runs) == 3  # a new kernel's first run does not reuse run001
+    assert claim_run_dir(runs) == 4
+    assert (runs / "run003-rep1").is_dir() and (runs / "run004-rep1").is_dir()

@@ -15,20 +15,27 @@ Not a knob: part of a profile (``Profile.nixl_progress_delay_us``), passed to th
 from __future__ import annotations
 
 import os
+import warnings
 
 from . import spec
 
 
 def requested_delay_us() -> int:
-    """The delay asked for in this process's environment; 0 means vLLM's own behaviour."""
+    """The delay asked for in this process's environment; 0 means vLLM's own behaviour.
+
+    A malformed value is ignored with a warning, not raised: this runs in the plugin's
+    ``register``, inside every vLLM process started in that environment (the workbench's or
+    anyone's), and an exception there would crash each of them at start-up."""
     raw = os.environ.get(spec.ENV_NIXL_PROGRESS_DELAY_US, "0")
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{spec.ENV_NIXL_PROGRESS_DELAY_US}={raw!r} must be an integer "
-                         "number of microseconds (0: NIXL's default)") from None
+        value = -1
     if value < 0:
-        raise ValueError(f"{spec.ENV_NIXL_PROGRESS_DELAY_US}={value} must be >= 0")
+        warnings.warn(f"{spec.ENV_NIXL_PROGRESS_DELAY_US}={raw!r} is not an integer number of "
+                      "microseconds >= 0; ignored (NIXL's default polling, no delay)",
+                      RuntimeWarning, stacklevel=2)
+        return 0
     return value
 
 

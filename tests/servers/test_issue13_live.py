@@ -1,0 +1,65 @@
+"""Issue 13 on real vLLM servers: what the unit tests check without servers, end to end.
+
+Written alongside the unit tests and NOT run there (the machine they were written on had no
+cores to spare for servers): a sweep that resumes only points of its own configuration, a
+run on servers bound beyond loopback that says so in its notes, and a second Session on a
+live session's directory refused while its servers run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from workbench import rundir, sweep
+from workbench.config import ConfigError
+from workbench.experiment import Session
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture
+def small_cfg(base_cfg):
+    return replace(base_cfg, num_prompts=2, max_tokens=8, concurrency=2)
+
+
+def test_sweep_resumes_only_points_of_its_own_configuration(pd_session, small_cfg, tmp_path):
+    points = [sweep.Point("fixed", small_cfg.prompt_set, {}, "parity")]
+    out = tmp_path / "sweep"
+    sweep.run_sweep(points, out, small_cfg, use_papermill=False, session=pd_session)
+    record = json.loads((out / "points" / "fixed" / sweep.POINT_RECORD).read_text())
+    assert record["config"]["num_prompts"] == 2 and len(record["digest"]) == 64
+    mtime = (out / "points" / "fixed" / "result.json").stat().st_mtime_ns
+
+    seen = []
+    sweep.run_sweep(points, out, small_cfg, use_papermill=False, session=pd_session,
+                    on_point=lambda pt, s: seen.append(s))
+    assert seen == ["skipped (complete)"]
+    assert (out / "points" / "fixed" / "result.json").stat().st_mtime_ns == mtime
+
+    other = replace(small_cfg, max_tokens=4)
+    with pytest.raises(ConfigError, match="max_tokens: 8 -> 4"):
+        sweep.run_sweep(points, out, other, use_papermill=False, session=pd_session)
+    assert (out / "points" / "fixed" / "result.json").stat().st_mtime_ns == mtime  # kept
+
+    sweep.run_sweep(points, out, other, use_papermill=False, session=pd_session, resume=False)
+    again = json.loads((out / "points" / "fixed" / "result.json").read_text())
+    assert again["config"]["max_tokens"] == 4
+
+
+def test_a_second_session_on_a_live_sessions_directory_is_refused(pd_session, small_cfg):
+    pd_session.ensure(small_cfg)
+    with pytest.raises(rundir.RunDirError, match="in use by another workbench process"):
+        Session(pd_session.log_dir)
+    assert all(s.alive() for s in pd_session.servers.values())  # the first owner untouched
+
+
+@pytest.mark.restart
+def test_servers_bound_beyond_loopback_say_so_in_the_notes(small_cfg, tmp_path):
+    cfg = replace(small_cfg, host="0.0.0.0", allow_remote=True, run_baseline=False)
+    with Session(tmp_path / "logs") as s:
+        result = s.run(cfg, out_dir=tmp_path / "run")
+    exposed = [n for n in result.notes if "0.0.0.0" in n]
+    assert len(exposed) == 1 and "side channel" in exposed[0]

@@ -1,0 +1,118 @@
+"""Ports checked as the server binds them, a taken automatic port retried, and a SIGTERM
+handler that cannot deadlock (issue 13, items 9 and 10). The "server" here is a few lines
+of Python under the real reaper, not vLLM."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from workbench import servers
+from workbench.config import ConfigError
+
+
+def _time_wait_port() -> int:
+    """A port whose only socket is an accepted connection in TIME_WAIT, from a listener with
+    SO_REUSEADDR as uvicorn makes it."""
+    srv = servers._server_socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    conn.close()  # the server side closes first: its end goes to TIME_WAIT
+    time.sleep(0.05)
+    client.close()
+    srv.close()
+    time.sleep(0.05)
+    return port
+
+
+def test_a_port_in_time_wait_is_free_for_the_server():
+    port = _time_wait_port()
+    servers.check_port_free(port)  # today: "already in use" (bound without SO_REUSEADDR)
+
+
+def test_a_listening_port_is_still_taken():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(ConfigError, match="already in use"):
+            servers.check_port_free(s.getsockname()[1])
+
+
+FAKE_SERVER = textwrap.dedent("""
+    import http.server, sys
+    port = int(sys.argv[1])
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a):
+            pass
+    try:
+        httpd = http.server.HTTPServer(("127.0.0.1", port), H)
+    except OSError as e:
+        print(f"ERROR: {e}", flush=True)
+        sys.exit(1)
+    print("serving", port, flush=True)
+    httpd.serve_forever()
+""")
+
+
+@dataclass
+class FakeSpec(servers.ServerSpec):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", FAKE_SERVER, str(self.port)]
+
+
+def test_an_automatic_port_taken_before_the_bind_is_retried(tmp_path, monkeypatch):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])  # the first "free" port is taken by then
+    real = servers.free_port
+    monkeypatch.setattr(servers, "free_port", lambda host="127.0.0.1": next(ports, None)
+                        or real(host))
+    spec = FakeSpec(role="baseline", target="t", drafter="d", num_speculative_tokens=1,
+                    log_dir=tmp_path / "logs")
+    assert spec.port == taken.getsockname()[1] and spec.auto_ports == ("port",)
+    try:
+        (server,) = servers.start_all([spec], timeout=30)
+        try:
+            assert spec.port != taken.getsockname()[1] and server.alive()
+        finally:
+            server.stop()
+    finally:
+        taken.close()
+
+
+def test_a_port_the_user_chose_is_not_silently_changed(tmp_path):
+    spec = FakeSpec(role="baseline", target="t", drafter="d", num_speculative_tokens=1,
+                    log_dir=tmp_path, port=servers.free_port())
+    assert spec.auto_ports == ()
+
+
+SIGTERM_WHILE_LOCKED = textwrap.dedent("""
+    import os, signal, sys
+    from workbench import servers
+    signal.signal(signal.SIGTERM, lambda *a: None)  # the handler chains to this one
+    servers._install_handlers()
+    with servers._LOCK:  # as while a server is added to or removed from the live set
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):
+            pass
+    print("no deadlock")
+""")
+
+
+def test_sigterm_while_the_live_set_is_locked_does_not_deadlock():
+    """Today's handler took a plain Lock that the interrupted main thread held."""
+    out = subprocess.run([sys.executable, "-c", SIGTERM_WHILE_LOCKED], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0 and "no deadlock" in out.stdout, out.stderr

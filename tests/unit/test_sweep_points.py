@@ -1,0 +1,121 @@
+"""A sweep keeps a point only when it ran with the very same config, vLLM and model files;
+slugs never collide; aggregation reads complete results only (issue 13, items 1 and 10)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from workbench import rundir, servers, sweep
+from workbench.config import ConfigError, ExperimentConfig
+from workbench.results import Result
+
+
+@pytest.fixture
+def pair(tiny_pair, tmp_path):
+    """A private copy of the tiny pair (tests below change its files)."""
+    t, d = tmp_path / "target", tmp_path / "drafter"
+    shutil.copytree(tiny_pair[0], t)
+    shutil.copytree(tiny_pair[1], d)
+    return str(t), str(d)
+
+
+def _complete_point(point_dir: Path, cfg: ExperimentConfig, ident: sweep.PointIdentity,
+                    record: bool = True) -> dict:
+    point_dir.mkdir(parents=True, exist_ok=True)
+    (point_dir / "result.json").write_text(json.dumps(
+        {"complete": True, "config": cfg.to_dict(), "vllm_version": ident.vllm_version}))
+    rec = ident.record(cfg)
+    if record:
+        (point_dir / sweep.POINT_RECORD).write_text(json.dumps(rec))
+    return rec
+
+
+def test_a_point_of_the_same_config_is_kept(pair, tmp_path):
+    cfg = ExperimentConfig(target=pair[0], drafter=pair[1], num_prompts=16, label="fixed")
+    ident = sweep.PointIdentity()
+    rec = _complete_point(tmp_path / "fixed", cfg, ident)
+    assert sweep.is_complete(tmp_path / "fixed", sweep.PointIdentity().record(cfg))
+    assert rec["digest"] == sweep.PointIdentity().record(cfg)["digest"]
+
+
+def test_a_point_of_another_config_is_refused_naming_the_fields(pair, tmp_path):
+    ident = sweep.PointIdentity()
+    old = ExperimentConfig(target=pair[0], drafter=pair[1], num_prompts=16)
+    _complete_point(tmp_path / "p", old, ident)
+    new = ExperimentConfig(target=pair[0], drafter=pair[1], num_prompts=2, max_tokens=4, k_d=2,
+                           knobs={"finalize": "eager"})
+    with pytest.raises(ConfigError) as e:
+        sweep.is_complete(tmp_path / "p", ident.record(new))
+    msg = str(e.value)
+    for text in ("num_prompts: 16 -> 2", "max_tokens: 64 -> 4", "k_d: 3 -> 2",
+                 "knobs.finalize: 'deferred' -> 'eager'", "--restart", "--out"):
+        assert text in msg, msg
+
+
+def test_changed_model_files_or_vllm_are_refused(pair, tmp_path, monkeypatch):
+    cfg = ExperimentConfig(target=pair[0], drafter=pair[1])
+    _complete_point(tmp_path / "p", cfg, sweep.PointIdentity())
+    cfg_file = Path(pair[1]) / "config.json"
+    cfg_file.write_text(cfg_file.read_text() + "\n")  # the drafter's files changed
+    with pytest.raises(ConfigError, match="model files of the drafter"):
+        sweep.is_complete(tmp_path / "p", sweep.PointIdentity().record(cfg))
+    monkeypatch.setattr(sweep, "vllm_version", lambda: "0.33.0")
+    with pytest.raises(ConfigError, match="vllm_version: .* -> '0.33.0'"):
+        sweep.is_complete(tmp_path / "p", sweep.PointIdentity().record(cfg))
+
+
+def test_a_point_from_before_digests_is_refused_not_kept(pair, tmp_path):
+    cfg = ExperimentConfig(target=pair[0], drafter=pair[1])
+    ident = sweep.PointIdentity()
+    _complete_point(tmp_path / "p", cfg, ident, record=False)
+    with pytest.raises(ConfigError, match="not recorded"):
+        sweep.is_complete(tmp_path / "p", ident.record(cfg))
+
+
+def test_an_incomplete_point_is_rerun(pair, tmp_path):
+    cfg = ExperimentConfig(target=pair[0], drafter=pair[1])
+    d = tmp_path / "p"
+    d.mkdir()
+    (d / "result.json").write_text(json.dumps({"complete": False, "config": {}}))
+    assert not sweep.is_complete(d, sweep.PointIdentity().record(cfg))
+    assert not sweep.is_complete(tmp_path / "absent", sweep.PointIdentity().record(cfg))
+
+
+def test_slugs_are_never_empty_and_never_shared():
+    odd = sweep.Point("!!!", "indomain")
+    assert odd.slug and odd.slug not in ("", ".", "points")
+    assert sweep.Point("???", "indomain").slug != odd.slug
+    with pytest.raises(ConfigError, match="'a b' and 'a-b'"):
+        sweep.check_slugs([sweep.Point("a b", "indomain"), sweep.Point("a-b", "indomain")])
+    for name in sweep.GRIDS:
+        sweep.check_slugs(sweep.grid_points(name))
+
+
+def _result(complete: bool) -> Result:
+    return Result(config={}, command="c", vllm_version="0.32.0", git_commit="g", created="t",
+                  prompt_set="indomain", num_prompts=1, wall_seconds=1.0, engine_seconds=1.0,
+                  knobs={}, pd=None, baseline=None, token_agreement=None, complete=complete)
+
+
+def test_aggregation_reads_complete_results_only(tmp_path):
+    _result(True).save(tmp_path / "points" / "done")
+    _result(False).save(tmp_path / "points" / "failed")
+    assert [r.complete for r in sweep.load_results(tmp_path)] == [True]
+    assert len(sweep.load_results(tmp_path, ["done", "failed"])) == 1
+
+
+def test_a_second_sweep_on_one_out_is_refused(tmp_path, tiny_pair, monkeypatch):
+    def no_server(self):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(servers.VllmServer, "start", no_server)
+    base = ExperimentConfig(target=tiny_pair[0], drafter=tiny_pair[1])
+    out = rundir.private_dir(tmp_path / "out")
+    with rundir.DirLock(out, "the first sweep"), \
+            pytest.raises(rundir.RunDirError, match="the first sweep"):
+        sweep.run_sweep("smoke", out, base)
+    assert not (out / "logs").exists()  # refused before its Session (and servers)
