@@ -183,7 +183,8 @@ class Session:
         self.reset_prefix_caches()
         if progress:
             progress("knobs", 0, 1)
-        result = self._new_result(cfg, command, len(plist), self.apply_knobs(cfg))
+        result = new_result(cfg, command, len(plist), self.apply_knobs(cfg),
+                            self.startup_seconds)
         result.requests = rows = [_row(p, cfg) for p in plist]
         # The probe needs the baseline's own KV of this run: no cached baseline.
         cache = (BaselineCache(self.baseline_cache)
@@ -204,7 +205,7 @@ class Session:
         try:
             run_coro(requests())
             if cfg.kv_probe:
-                self._probe(result, rows, plist)
+                probe_kv(self.channel, self.servers, result, rows, plist)
         except BaseException as e:
             result.complete, result.error = False, f"{type(e).__name__}: {e}"
             raise
@@ -217,31 +218,34 @@ class Session:
                 result.save(out_dir)
         return result
 
-    def _probe(self, result: Result, rows: list[dict], plist: list) -> None:
-        """Each request's KV against P and the baseline (``kv_compare``), and the cost."""
-        probes, cost = kv_compare.collect(lambda req: self.channel.kv_probe(self.servers, req),
-                                          [prompt_key(p.token_ids) for p in plist])
-        for row, pr in zip(rows, probes, strict=True):
-            row["kv_probe"] = pr
-        result.kv_probe_summary = {**kv_compare.summary(rows), "cost": cost}
+def probe_kv(channel: channels.KnobChannel, servers: dict[str, Any], result: Result,
+             rows: list[dict], plist: list) -> None:
+    """Each request's KV against P and the baseline (``kv_compare``), and the probe's cost."""
+    probes, cost = kv_compare.collect(lambda req: channel.kv_probe(servers, req),
+                                      [prompt_key(p.token_ids) for p in plist])
+    for row, pr in zip(rows, probes, strict=True):
+        row["kv_probe"] = pr
+    result.kv_probe_summary = {**kv_compare.summary(rows), "cost": cost}
 
-    def _new_result(self, cfg: ExperimentConfig, command: str | None, n: int,
-                    states: dict[str, Any]) -> Result:
-        device = profiles.get(cfg.profile).device
-        return Result(
-            config=cfg.to_dict(), command=command or _default_command(),
-            vllm_version=vllm_version(), git_commit=git_commit(),
-            vllm_release=base_version(vllm_version()), model_runner=runner_in_force(states),
-            created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            prompt_set=cfg.prompt_set if cfg.prompt_file is None else cfg.prompt_file,
-            num_prompts=n, wall_seconds=0.0, engine_seconds=0.0,
-            knobs={"requested": dict(cfg.knobs), **states,
-                   "startup_seconds": dict(self.startup_seconds)},
-            pd=None, baseline=None, token_agreement=None,
-            notes=exposure_notes(cfg) + knob_notes(
-                cfg.knobs, device=device, prompt_set=cfg.prompt_set,
-                enforce_eager=cfg.enforce_eager_in_force(), concurrency=cfg.concurrency),
-        )
+
+def new_result(cfg: ExperimentConfig, command: str | None, n: int, states: dict[str, Any],
+               startup_seconds: dict[str, float]) -> Result:
+    """A run's result before its requests: config, provenance, knobs read back, notes."""
+    device = profiles.get(cfg.profile).device
+    return Result(
+        config=cfg.to_dict(), command=command or _default_command(),
+        vllm_version=vllm_version(), git_commit=git_commit(),
+        vllm_release=base_version(vllm_version()), model_runner=runner_in_force(states),
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        prompt_set=cfg.prompt_set if cfg.prompt_file is None else cfg.prompt_file,
+        num_prompts=n, wall_seconds=0.0, engine_seconds=0.0,
+        knobs={"requested": dict(cfg.knobs), **states,
+               "startup_seconds": dict(startup_seconds)},
+        pd=None, baseline=None, token_agreement=None,
+        notes=exposure_notes(cfg) + knob_notes(
+            cfg.knobs, device=device, prompt_set=cfg.prompt_set,
+            enforce_eager=cfg.enforce_eager_in_force(), concurrency=cfg.concurrency),
+    )
 
 
 def check_vllm_release() -> None:

@@ -234,7 +234,7 @@ def summary(rows: list[dict], layer_groups: dict[str, str] | None = None) -> dic
                 out[group][name][label] = {"requests": len(sel), "differing": n_diff,
                                            "share": (n_diff / len(sel)) if sel else None}
     out["requests_probed"] = len(probed)
-    out["capture_s_median"] = {role: _median([r["kv_probe"]["capture_s"].get(role)
+    out["capture_s_median"] = {role: _median([r["kv_probe"].get("capture_s", {}).get(role)
                                               for r in probed])
                                for role in ("d", "p", "baseline")}
     out["noise_floor"] = NOISE_FLOOR

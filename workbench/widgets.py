@@ -82,6 +82,11 @@ def png_of(figure_paths: Sequence[Path]) -> Path | None:
     return next((p for p in figure_paths if Path(p).suffix == ".png"), None)
 
 
+def png_bytes(figure_paths: Sequence[Path]) -> bytes:
+    png = png_of(figure_paths)
+    return png.read_bytes() if png else b""
+
+
 def show_figure(figure_paths: Sequence[Path]):
     """Display the PNG of a figure written by ``workbench.plots`` (same file as exported)."""
     from IPython.display import Image, display
@@ -163,6 +168,19 @@ def run_controls(base: ExperimentConfig, attached: bool) -> dict[str, Any]:
                                tooltip="capture every KV layer's blocks per request on P, D "
                                "and the baseline, and show where D's differ"),
     }
+
+
+def in_force_text(r: Result) -> str:
+    """The knob values read back from the servers' processes, each from the role it acts
+    on (``results.knobs_in_force``), and any that are not as requested."""
+    now = knobs_in_force(r.knobs)
+    req = r.knobs.get("requested") or {}
+    text = ("In force (read back from the servers' processes): "
+            + (", ".join(f"{k}={v}" for k, v in now.items()) or "unknown"))
+    off = [k for k, v in now.items() if k in req and req[k] != v]
+    if off:
+        text += f". NOT as requested: {', '.join(off)}"
+    return text + "."
 
 
 class KnobExplorer:
@@ -331,7 +349,7 @@ class KnobExplorer:
         self.progress.value = self.progress.max
         self.progress.description = "done"
         self._say(f"run {run_no} done in {time.monotonic() - t0:.1f} s. "
-                  + self._in_force(group[-1]))
+                  + in_force_text(group[-1]))
         return group
 
     def _on_run(self, _button=None) -> None:
@@ -351,19 +369,6 @@ class KnobExplorer:
         if self.echo:
             print(text, flush=True)
 
-    @staticmethod
-    def _in_force(r: Result) -> str:
-        """The knob values read back from the servers' processes, each from the role it acts
-        on (``results.knobs_in_force``), and any that are not as requested."""
-        now = knobs_in_force(r.knobs)
-        req = r.knobs.get("requested") or {}
-        text = ("In force (read back from the servers' processes): "
-                + (", ".join(f"{k}={v}" for k, v in now.items()) or "unknown"))
-        off = [k for k, v in now.items() if k in req and req[k] != v]
-        if off:
-            text += f". NOT as requested: {', '.join(off)}"
-        return text + "."
-
     # --- results -------------------------------------------------------------------------
     @property
     def history(self) -> list[list[Result]]:
@@ -382,12 +387,11 @@ class KnobExplorer:
             self.table_html.value, self.plot.value, self.notes.value = "", b"", ""
             self.kv_plot.value, self.figure_paths = b"", []
             return
-        self.figure_paths = self.runs.figure(self.out_dir / "live")
-        png = png_of(self.figure_paths)
-        self.plot.value = png.read_bytes() if png else b""
-        kv = png_of(kv_plots.kv_probe([self.history[-1][-1]], self.out_dir / "live"))
-        self.kv_plot.value = kv.read_bytes() if kv else b""
-        self.figure_paths += [] if kv is None else [kv]
+        live = self.out_dir / "live"
+        self.figure_paths = self.runs.figure(live)
+        kv = kv_plots.kv_probe([self.history[-1][-1]], live)  # [] unless probed
+        self.plot.value, self.kv_plot.value = png_bytes(self.figure_paths), png_bytes(kv)
+        self.figure_paths += kv
         self.table_html.value = self.table().round(4).to_html(index=False, na_rep="")
         notes = self.history[-1][-1].notes
         self.notes.value = "".join(f"<div><b>note:</b> {html.escape(n)}</div>" for n in notes)

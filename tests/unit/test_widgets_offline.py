@@ -26,9 +26,10 @@ def offline_explorer(tiny_pair, tmp_path):
 
 def test_controls_come_from_the_spec(offline_explorer):
     ex = offline_explorer
-    assert list(ex.knob_controls) == list(spec.KNOBS)
-    for name, k in spec.KNOBS.items():
-        dd = ex.knob_controls[name]
+    assert list(ex.knob_controls) == list(spec.settings())  # instruments are checkboxes
+    assert ex.controls["kv_probe"].value is False
+    for name in spec.settings():
+        k, dd = spec.KNOBS[name], ex.knob_controls[name]
         assert tuple(dd.options) == k.values and dd.value == k.default
         assert ("↻" in dd.description) == k.restart
         assert k.where in dd.tooltip

@@ -46,6 +46,20 @@ WEIGHT_MAX = 1 << 20  # 16-bit halves x 20-bit weights, summed over < 2^12 terms
 WORKER_TARGETS = (
     ("vllm.v1.worker.gpu_worker", "Worker", "execute_model", ["self", "scheduler_output"]),
     ("vllm.v1.worker.gpu_worker", "Worker", "sample_tokens", ["self", "grammar_output"]),
+    ("vllm._custom_ops", None, "cpu_attn_reshape_and_cache", None),
+)
+# What the capture points rely on: the V1 runner drafts inside sample_tokens (so P's and the
+# baseline's capture after it sees the drafter's prompt KV); D schedules a loaded request only
+# after NIXL's load finished; CPU_ATTN writes through cpu_attn_reshape_and_cache on a
+# [B, H, 2N, D] view (slot_order learns the packing from that kernel).
+SOURCE = (
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens",
+     ("def propose_draft_token_ids(", "propose_draft_token_ids(sampled_token_ids)")),
+    ("vllm.v1.core.sched.scheduler", "Scheduler._update_waiting_for_remote_kv",
+     ("self.finished_recving_kv_req_ids.remove(request.request_id)",)),
+    ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackendImpl.do_kv_cache_update",
+     ("kv_cache.view((num_blocks, num_kv_heads, block_size * 2, -1))",
+      "cpu_attn_reshape_and_cache(")),
 )
 
 

@@ -71,6 +71,7 @@ _COMMON = {
     "blocks/v1": Patches(_K + "blocks:WORKER_TARGETS"),
     "blocks/v2": Patches(_K + "blocks:V2_WORKER_TARGETS"),
     "transfer": Patches(_K + "transfer:TARGETS", _K + "transfer:SOURCE"),
+    "kv_probe": Patches(_K + "kv_probe:WORKER_TARGETS", _K + "kv_probe:SOURCE"),
 }
 
 RELEASES: dict[str, Release] = {
