@@ -9,7 +9,7 @@ STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat
+.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe
 
 setup: $(STAMP)
 
@@ -66,3 +66,7 @@ load: setup
 COMPAT_VLLM ?= 0.32.0,0.33.0
 compat: setup
 	$(PY) -m workbench compat --vllm $(COMPAT_VLLM)
+
+# Every mechanism's KV signature: the default grid with the KV probe (README, "The KV probe").
+kv-probe: setup
+	$(PY) -m workbench sweep --grid default --kv-probe --prompts 32 --out data/kv-probe

@@ -163,9 +163,10 @@ knob_table()
 # %% [markdown]
 # ## 3. One knob set: the same prompts through a re-created bug
 #
-# The second run keeps the servers (no restart-time knob changed) and the baseline (measured
-# once per prompt set and reused). `affected` marks the requests whose length puts them in the
-# bad case of the block hand-off.
+# The second run keeps the servers (no restart-time knob changed). The baseline is measured
+# once per prompt set and reused, except with `kv_probe`: the probe compares D with the
+# baseline's own KV of this run, so the baseline runs again. `affected` marks the requests
+# whose length puts them in the bad case of the block hand-off.
 
 # %%
 runs = [fixed]

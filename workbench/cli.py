@@ -227,6 +227,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+DEV_MODE_NOTE = (
+    "note: these servers run with VLLM_SERVER_DEV_MODE=1, so the knob channel works over HTTP "
+    "(POST /collective_rpc). Dev mode also lets anyone who reaches the port call any worker "
+    "method by name and reset the prefix cache, with no key (--api-key guards only /v1). "
+    "Pass --no-dev-mode to turn it off (attach with --knobs-file and --state-dir then).")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import json
     import time
@@ -235,7 +242,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     check_before_start(cfg)
-    with Session(args.log_dir) as s:
+    dev_mode = not args.no_dev_mode
+    if dev_mode:
+        print(DEV_MODE_NOTE, file=sys.stderr, flush=True)
+    with Session(args.log_dir, dev_mode=dev_mode) as s:
         s.ensure(cfg)
         info = {"urls": {r: v.url for r, v in s.servers.items()},
                 "knobs_file": str(s.knobs_file), "state_dir": str(s.state_dir),
@@ -317,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
                         "Ctrl-C; prints how to attach to them")
     _add_experiment_args(sv)
     sv.add_argument("--log-dir", default=None, help="server logs and the knob channel")
+    sv.add_argument("--no-dev-mode", action="store_true",
+                    help="start the servers without VLLM_SERVER_DEV_MODE (then the knobs reach "
+                    "them only through --knobs-file/--state-dir, not over HTTP)")
     sv.set_defaults(func=cmd_serve)
     sw = sub.add_parser("sweep", help="run a grid of knob settings through papermill, "
                         "resumable; aggregate into results.csv and figures")

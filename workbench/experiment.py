@@ -43,8 +43,9 @@ class Session:
 
     def __init__(self, log_dir: str | Path | None = None,
                  baseline_cache: str | Path | None = None,
-                 channel: channels.KnobChannel | None = None):
+                 channel: channels.KnobChannel | None = None, dev_mode: bool = False):
         self._tmp = None
+        self.dev_mode = dev_mode  # servers it starts get VLLM_SERVER_DEV_MODE (`serve` only)
         if log_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="workbench-")
             log_dir = self._tmp.name
@@ -126,7 +127,7 @@ class Session:
         if self.knobs_file is not None:
             check_vllm_release()
         specs = plan.server_specs(cfg, self.log_dir, knobs_file=self.knobs_file,
-                                  state_dir=self.state_dir)
+                                  state_dir=self.state_dir, dev_mode=self.dev_mode)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.channel.prepare(cfg)
         servers = start_all(specs, cfg.startup_timeout_s)
@@ -163,8 +164,11 @@ class Session:
         return self.channel.in_force(self.servers)
 
     def reset_prefix_caches(self) -> None:
-        for s in self.servers.values():
-            s.reset_prefix_cache()
+        """Through the knob channel each new version resets every engine core's prefix cache
+        (``knobs/plugin.py``); without the channel, vLLM's dev-mode endpoint."""
+        if isinstance(self.channel, channels.NoChannel):
+            for s in self.servers.values():
+                s.reset_prefix_cache()
 
     # --- one run -------------------------------------------------------------------------
     def run(self, cfg: ExperimentConfig, progress: Progress | None = None,
@@ -186,9 +190,11 @@ class Session:
         result = new_result(cfg, command, len(plist), self.apply_knobs(cfg),
                             self.startup_seconds)
         result.requests = rows = [_row(p, cfg) for p in plist]
-        # The probe needs the baseline's own KV of this run: no cached baseline.
-        cache = (BaselineCache(self.baseline_cache)
-                 if self.baseline_cache and not cfg.kv_probe else None)
+        cache = BaselineCache(self.baseline_cache) if self.baseline_cache else None
+        if cache is not None and cfg.kv_probe:
+            cache = None  # the probe compares D with this run's baseline KV
+            result.notes.append("baseline measured again, not reused: the KV probe compares "
+                                "D with the baseline's KV of this run")
         result.measurement = {"concurrency": cfg.concurrency, "sides": {}}
 
         async def requests() -> None:
@@ -242,10 +248,20 @@ def new_result(cfg: ExperimentConfig, command: str | None, n: int, states: dict[
         knobs={"requested": dict(cfg.knobs), **states,
                "startup_seconds": dict(startup_seconds)},
         pd=None, baseline=None, token_agreement=None,
-        notes=exposure_notes(cfg) + knob_notes(
+        notes=exposure_notes(cfg) + reset_notes(states) + knob_notes(
             cfg.knobs, device=device, prompt_set=cfg.prompt_set,
             enforce_eager=cfg.enforce_eager_in_force(), concurrency=cfg.concurrency),
     )
+
+
+def reset_notes(states: dict[str, Any]) -> list[str]:
+    """A server whose engine core could not reset its prefix cache for this run (vLLM's
+    ``Scheduler.reset_prefix_cache`` refuses while requests hold blocks) says so."""
+    failed = [role for role, m in (states.get("detail") or {}).items()
+              if ((m.get("components") or {}).get("engine_core") or {}).get(
+                  "events", {}).get("prefix_cache_reset") is False]
+    return [f"prefix cache NOT reset on {', '.join(failed)} before this run (requests still "
+            "held blocks): it may read KV cached by an earlier run"] if failed else []
 
 
 def check_vllm_release() -> None:

@@ -27,7 +27,8 @@ def kv_buffer_device(cfg: ExperimentConfig) -> str:
 
 
 def server_specs(cfg: ExperimentConfig, log_dir: str | Path, *,
-                 knobs_file: Path | None = None, state_dir: Path | None = None) -> list[ServerSpec]:
+                 knobs_file: Path | None = None, state_dir: Path | None = None,
+                 dev_mode: bool = False) -> list[ServerSpec]:
     """One spec per role ``cfg`` runs (checks ports the user asked for before anything starts)."""
     prof = profiles.get(cfg.profile)
     common = dict(
@@ -39,7 +40,7 @@ def server_specs(cfg: ExperimentConfig, log_dir: str | Path, *,
         restart_knobs={n: cfg.knobs[n] for n in knob_spec.restart_knobs()},
         nixl_progress_delay_us=prof.nixl_progress_delay_us, hf_offline=prof.hf_offline,
         draft_max_model_len=cfg.max_model_len if prof.speculative_max_model_len else None,
-        extra_args=list(prof.server_args), extra_env=dict(prof.server_env),
+        extra_args=list(prof.server_args), extra_env=dict(prof.server_env), dev_mode=dev_mode,
     )
     return [
         ServerSpec(role=r, num_speculative_tokens=getattr(cfg, ROLE_SHAPE[r][0]),

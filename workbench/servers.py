@@ -97,6 +97,11 @@ class ServerSpec:
     draft_max_model_len: int | None = None  # the speculative config's max_model_len
     # --per-request-spec-decode-metrics detailed: each response carries its own counts
     per_request_metrics: bool = True
+    # VLLM_SERVER_DEV_MODE=1 opens /collective_rpc (any worker method by name, no key) and
+    # /reset_prefix_cache. Only for servers started for others to attach to over HTTP
+    # (`workbench serve`); the workbench's own servers reset their prefix cache through the
+    # knob channel (knobs/plugin.py: reset_prefix_cache).
+    dev_mode: bool = False
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -165,7 +170,7 @@ class ServerSpec:
 
     def env(self) -> dict[str, str]:
         env = {
-            "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache between independent runs
+            **({"VLLM_SERVER_DEV_MODE": "1"} if self.dev_mode else {}),
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             **({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"} if self.hf_offline else {}),
@@ -250,6 +255,8 @@ class VllmServer:
         _install_handlers()
         rundir.private_dir(self.spec.log_dir)
         env = dict(os.environ)
+        if not self.spec.dev_mode:  # not even inherited: dev mode is asked for, or off
+            env.pop("VLLM_SERVER_DEV_MODE", None)
         env.update(self.spec.env())
         cmd = [sys.executable, "-m", "workbench.reaper", "--parent", str(os.getpid()), "--"]
         cmd += self.spec.command()

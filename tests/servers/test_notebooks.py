@@ -116,11 +116,14 @@ def test_tour_runs_headless_and_takes_injected_parameters(attach, small_cfg, tmp
     # eager finalize with direct NIXL reads has nothing to copy too early: parity, and a note
     assert knobbed["token_agreement"] == 1.0
     assert any("host-staged" in n for n in knobbed["notes"])
-    assert any("reused" in n for n in knobbed["notes"])  # the baseline was measured once
+    # The tour's knob run has the KV probe on: it needs this run's baseline KV, so no reuse.
+    assert knobbed["kv_probe_summary"]["cost"]["captured"] == {"p": 3, "d": 3, "baseline": 3}
+    assert any("KV probe" in n and "baseline" in n for n in knobbed["notes"])
     assert_figure_with_provenance(out / "figures", "per_position_fixed")
     prov = assert_figure_with_provenance(out / "figures", "per_position", expect="eager")
     assert [r["knobs_d"]["finalize"] for r in prov["runs"]] == ["deferred", "eager"]
-    assert len(outputs_of(nb, "image/png")) >= 2  # both figures shown inline
+    assert_figure_with_provenance(out / "figures", "kv_probe", expect="eager")
+    assert len(outputs_of(nb, "image/png")) >= 3  # both figures and the KV probe's inline
     text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     assert "in force on D" in text
 

@@ -68,6 +68,20 @@ def test_consecutive_runs_report_only_their_own_drafts(pd_session, base_cfg):
     assert b.baseline["prefix_cache_hits"] == 0
 
 
+def test_own_servers_run_without_dev_mode_and_reset_through_the_knob_channel(pd_session,
+                                                                            base_cfg):
+    """No /collective_rpc (any worker method by name) and no /reset_prefix_cache on the
+    workbench's own servers; each run's control version reset every engine core's cache."""
+    r = pd_session.run(replace(base_cfg, num_prompts=2, max_tokens=4))
+    for role, server in pd_session.servers.items():
+        for path in ("/collective_rpc", "/reset_prefix_cache"):
+            got = httpx.post(f"{server.url}{path}", json={"method": "x"}, timeout=10)
+            assert got.status_code == 404, (role, path, got.status_code)
+        events = r.knobs["detail"][role]["components"]["engine_core"]["events"]
+        assert events["prefix_cache_reset"] is True, role
+    assert not any("NOT reset" in n for n in r.notes)
+
+
 def test_extra_draft_on_d_is_the_schedulers_spec_decode_padding(pd_session, base_cfg, tmp_path,
                                                                  monkeypatch):
     """D's one extra, all-rejected draft per request comes from vLLM's scheduler padding D's

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,8 @@ class Events:
 class Component(Events):
     """One patched vLLM component in this process and its control thread."""
 
-    def __init__(self, name: str, obj: Any, runner: str = "v1", info: dict | None = None):
+    def __init__(self, name: str, obj: Any, runner: str = "v1", info: dict | None = None,
+                 on_version: Callable[[Component], dict] | None = None):
         if name not in spec.COMPONENTS:
             raise ValueError(f"component {name!r}; allowed: {', '.join(spec.COMPONENTS)}")
         super().__init__()
@@ -137,6 +139,7 @@ class Component(Events):
         self._sig: tuple | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self.on_version = on_version  # once per control version after the knobs, if given
 
     def hooks(self) -> dict[str, spec.Hook]:
         """This component's knobs and their hooks, in table order."""
@@ -201,13 +204,26 @@ class Component(Events):
             self.unreachable = restart_gaps(requested) if doc is not None else {}
         in_force = {name: self._apply_one(name, hook, knobs, role_notes.get(name))
                     for name, hook in self.hooks().items()}
+        per_version = self._per_version() if doc is not None else {}
         with self.lock:
             self.knobs = {k: v for k, v in in_force.items() if v is not None}
+            self.events.update(per_version)
             self.events["apply_seconds"] = round(time.monotonic() - t_start, 3)
         log(f"{self.name} role={self.role} applied version {self.version} in "
             f"{self.events['apply_seconds']} s: {self.knobs}"
             + (f" ERRORS {self.errors}" if self.errors else ""))
         self.write_state()
+
+    def _per_version(self) -> dict:
+        """The component's own act for a new version (engine core: a fresh prefix cache)."""
+        if self.on_version is None:
+            return {}
+        try:
+            return self.on_version(self)
+        except Exception as e:  # noqa: BLE001 - report, keep the process alive
+            with self.lock:
+                self.errors.append(f"per-version action: {type(e).__name__}: {e}")
+            return {}
 
     def _apply_one(self, name: str, hook: spec.Hook, knobs: dict, note: str | None) -> str | None:
         """One knob's apply hook; its events go under ``events[name]``. None if it failed."""
@@ -265,12 +281,13 @@ class Component(Events):
                 time.sleep(1.0)
 
 
-def start_component(name: str, obj: Any, runner: str = "v1", info: dict | None = None) -> Component:
+def start_component(name: str, obj: Any, runner: str = "v1", info: dict | None = None,
+                    on_version: Callable[[Component], dict] | None = None) -> Component:
     """Create (once per process and name) and start a component."""
     with _registry_lock:
         if name in _components:
             return _components[name]
-        comp = Component(name, obj, runner=runner, info=info)
+        comp = Component(name, obj, runner=runner, info=info, on_version=on_version)
         _components[name] = comp
     comp.start()
     atexit.register(comp.remove_state)

@@ -13,6 +13,8 @@ this process:
   (``spec.KNOBS``) gives it, writes its state file and polls the control file
   (``component.py``). The API server process builds neither, so it runs no component and
   writes no state file;
+* each new control version resets the engine core's prefix cache (``reset_prefix_cache``),
+  so runs never share cached KV and servers need no dev mode for it;
 * ``Worker.workbench_knobs``: the knob channel over HTTP (``http_channel.py``), reached
   through vLLM's dev-mode ``POST /collective_rpc`` when the workbench shares no files with
   the server.
@@ -111,7 +113,16 @@ def _start_engine_core(sched) -> None:
         **_restart_env(),
     }
     runner = "v2" if getattr(sched, "use_v2_model_runner", False) else "v1"
-    start_component("engine_core", sched, runner=runner, info=info)
+    start_component("engine_core", sched, runner=runner, info=info,
+                    on_version=reset_prefix_cache)
+
+
+def reset_prefix_cache(comp) -> dict:
+    """Each control version starts a run that must not read an earlier run's KV: reset the
+    scheduler's prefix cache here (``Scheduler.reset_prefix_cache``, what vLLM's dev-mode
+    ``POST /reset_prefix_cache`` reaches), so the workbench's servers need no dev mode. The
+    engine is idle when a version arrives (the workbench writes one between runs)."""
+    return {"prefix_cache_reset": bool(comp.obj.reset_prefix_cache())}
 
 
 def _start_worker(worker) -> None:
