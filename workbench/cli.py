@@ -183,7 +183,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             with session:
                 result = session.run(cfg, progress=progress, command=command, out_dir=out)
         else:
-            result = experiment.run(cfg, progress=progress, command=command, out_dir=out)
+            with experiment.Session(args.log_dir) as session:
+                result = session.run(cfg, progress=progress, command=command, out_dir=out)
     finally:
         if bar is not None:
             bar.close()
@@ -322,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                      "p=URL,d=URL[,baseline=URL]")
     run.add_argument("--knobs-file", help="attach mode: the servers' WORKBENCH_KNOBS_FILE")
     run.add_argument("--state-dir", help="attach mode: the servers' WORKBENCH_KNOBS_STATE_DIR")
+    run.add_argument("--log-dir", default=None, help="server logs and the knob channel "
+                     "(default: a private temporary directory, kept if the run fails)")
     run.set_defaults(func=cmd_run)
     sv = sub.add_parser("serve", help="start P, D and the baseline and keep them up until "
                         "Ctrl-C; prints how to attach to them")

@@ -58,6 +58,7 @@ class Session:
         self.servers: dict[str, Any] = {}
         self.key: tuple | None = None
         self.startup_seconds: dict[str, float] = {}
+        self.failed = False  # a run failed: close() keeps a temporary log directory
         # The baseline does not depend on PD knobs: a sweep measures it once per prompt set.
         self.baseline_cache = Path(baseline_cache).resolve() if baseline_cache else None
 
@@ -144,9 +145,11 @@ class Session:
     def close(self) -> None:
         self.stop()
         self._lock.release()
-        if self._tmp is not None:
+        if self._tmp is not None and self.failed:  # the evidence an error message names
+            print(f"server logs of the failed run kept in {self.log_dir}", file=sys.stderr)
+        elif self._tmp is not None:
             self._tmp.cleanup()
-            self._tmp = None
+        self._tmp = None
 
     def __enter__(self) -> Session:
         return self
@@ -213,16 +216,42 @@ class Session:
             if cfg.kv_probe:
                 probe_kv(self.channel, self.servers, result, rows, plist)
         except BaseException as e:
-            result.complete, result.error = False, f"{type(e).__name__}: {e}"
+            self.failed, died = True, died_note(self.servers)
+            result.complete, result.error = False, died + f"{type(e).__name__}: {e}"
+            if died and isinstance(e, Exception):  # say first what happened, not the symptom
+                raise RuntimeError(result.error) from e
             raise
         finally:
-            time.sleep(FLUSH_WAIT_S)
-            result.knobs["after_run"] = self.in_force()
-            aggregate(result, rows)
             result.wall_seconds = time.monotonic() - t0
-            if out_dir is not None:
-                result.save(out_dir)
+            finish(result, rows, self.in_force, out_dir, failing=not result.complete)
         return result
+
+def died_note(servers: dict[str, Any]) -> str:
+    """Which servers are gone (a killed or crashed P or D fails the run's requests)."""
+    dead = {role: s for role, s in servers.items() if not s.alive()}
+    logs = "; ".join(f"{role}: {getattr(getattr(s, 'spec', None), 'log_path', s.url)}"
+                     for role, s in dead.items())
+    return f"the {', '.join(dead)} server died during the run (logs: {logs}); " if dead else ""
+
+
+def finish(result: Result, rows: list[dict], in_force, out_dir: str | Path | None,
+           failing: bool) -> None:
+    """Aggregate and save what was measured. While a run is failing, nothing here may replace
+    its error: a server that died (attach mode) or a save that fails is noted instead."""
+    time.sleep(FLUSH_WAIT_S)
+    steps = (("knobs read back after the run", lambda: result.knobs.__setitem__(
+        "after_run", in_force())), ("aggregation", lambda: aggregate(result, rows)),
+        ("saving", lambda: out_dir is not None and result.save(out_dir)))
+    for what, step in steps:
+        try:
+            step()
+        except Exception as e:
+            if not failing:
+                raise
+            result.notes.append(f"{what} failed after the run's error: {type(e).__name__}: {e}")
+            if what == "saving":
+                print(f"could not save the failed run's result: {e}", file=sys.stderr)
+
 
 def probe_kv(channel: channels.KnobChannel, servers: dict[str, Any], result: Result,
              rows: list[dict], plist: list) -> None:

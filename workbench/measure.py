@@ -61,6 +61,9 @@ def spec_metrics(response: dict) -> dict | None:
     return sd
 
 
+IDLE_TIMEOUT_S = 60.0  # a run waits this long for an earlier run's requests to end
+
+
 @dataclass
 class Requests:
     """One run's requests on one set of servers."""
@@ -80,6 +83,24 @@ class Requests:
         r = await self.client.get(f"{self.urls[role]}/metrics")
         r.raise_for_status()
         return metrics.parse(r.text)
+
+    async def wait_idle(self, timeout: float = IDLE_TIMEOUT_S) -> None:
+        """Until no server runs or queues a request: a run interrupted before this one (a
+        Jupyter interrupt cancels its requests; vLLM aborts them as the client leaves) must
+        not add its drafts to this run's ``/metrics`` deltas."""
+        deadline = time.monotonic() + timeout
+        for role, url in self.urls.items():
+            while True:
+                r = await self.client.get(f"{url}/metrics")
+                r.raise_for_status()
+                busy = metrics.in_flight(r.text)
+                if not busy:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{role} server at {url} still has {busy} requests in "
+                                       f"flight after {timeout:.0f} s; another client is using "
+                                       "it, or an earlier run's requests did not stop")
+                await asyncio.sleep(0.2)
 
     async def complete(self, role: str, body: dict, rid: str) -> dict:
         r = await self.client.post(f"{self.urls[role]}/v1/completions", json=body,
@@ -195,6 +216,7 @@ async def measure(req: Requests, prompts: list[Prompt], rows: list[dict],
                   cache: BaselineCache | None, notes: list[str]) -> None:
     """The baseline (or its cached rows), then PD, into ``rows``."""
     cfg = req.cfg
+    await req.wait_idle()
     req.total = len(prompts) * (int(cfg.run_baseline) + int(cfg.run_pd))
     token_ids = [p.token_ids for p in prompts]
     cached = cache.load(cfg, token_ids) if cache is not None and cfg.run_baseline else None
@@ -215,22 +237,41 @@ async def measure(req: Requests, prompts: list[Prompt], rows: list[dict],
 
 
 def run_coro(coro):
-    """asyncio.run, also from inside Jupyter's running event loop (in a helper thread)."""
+    """asyncio.run, also from inside Jupyter's running event loop: there the coroutine runs on
+    a loop of its own in a helper thread, and an interrupt (KeyboardInterrupt in this thread,
+    as ipykernel delivers it) cancels it and waits until its requests are cancelled before
+    re-raising, so nothing keeps sending after the run was stopped."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(coro)
     box: dict[str, Any] = {}
+
+    # An Event, not Thread.join: a join interrupted by KeyboardInterrupt marks a thread that
+    # still runs as stopped (CPython 3.11 threading.Thread._wait_for_tstate_lock, the
+    # bpo-45274 branch: the lock it finds held is the live thread's), so a second join
+    # would return at once; measured here, 2 of 3 interrupts left the coroutine running.
+    done = threading.Event()
 
     def target():
         try:
-            box["value"] = asyncio.run(coro)
+            box["value"] = loop.run_until_complete(task)
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = e
+        finally:
+            loop.close()
+            done.set()
 
-    t = threading.Thread(target=target)
-    t.start()
-    t.join()
+    threading.Thread(target=target, name="workbench-run", daemon=True).start()
+    try:
+        while not done.wait(0.1):
+            pass
+    except BaseException:
+        loop.call_soon_threadsafe(task.cancel)
+        done.wait()
+        raise
     if "error" in box:
         raise box["error"]
     return box["value"]

@@ -116,6 +116,16 @@ def parse(text: str) -> SpecCounters:
     return c
 
 
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+
+
+def in_flight(text: str) -> int:
+    """Requests a server is still running or holding in its queue (its scheduler gauges)."""
+    return int(sum(s.value for family in text_string_to_metric_families(text)
+                   for s in family.samples if s.name in (RUNNING, WAITING)))
+
+
 def total(summaries: list[dict]) -> SpecCounters:
     """The sum of several requests' counter deltas."""
     out = SpecCounters()
