@@ -105,7 +105,7 @@ def plain_server(tiny_pair, tmp_path_factory):
     spec = servers.ServerSpec(role="baseline", target=tiny_pair[0], drafter=tiny_pair[1],
                               num_speculative_tokens=3, log_dir=tmp_path_factory.mktemp("plain"),
                               cpus="1", extra_env={"VLLM_PLUGINS": "none"},
-                              per_request_metrics=False)
+                              per_request_metrics=False, dev_mode=True)
     with servers.VllmServer(spec) as server:
         server.wait_ready(300)
         yield server
