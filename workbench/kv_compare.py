@@ -189,26 +189,26 @@ def _request(key: str, recs: dict) -> dict | None:
 
 
 def _magnitudes(ask: Ask, keys: list[str], probes: list[dict | None], recs: dict) -> None:
-    """Fetch the differing blocks from D and each reference, and fill in the magnitudes."""
-    wanted = {name: [it for k, pr in zip(keys, probes, strict=True) if pr
-                     for it in fetch_items(k, pr[name])] for name in REFERENCES}
-    d_items = [it for items in wanted.values() for it in items]
-    fetched = {role: [] for role in ("d", *REFERENCES.values())}
-    if d_items:
-        for reply in ask({"op": "fetch", "items": _unique(d_items)}):
-            fetched.setdefault(reply["role"], []).extend(reply.get("items", []))
+    """Fetch the differing blocks from D and each reference (one request to every server),
+    and fill in the magnitudes."""
+    items = [it for k, pr in zip(keys, probes, strict=True) if pr
+             for name in REFERENCES for it in fetch_items(k, pr[name])]
+    fetched: dict[tuple[str, str, str], dict] = {}  # (role, key, layer) -> item
+    for reply in ask({"op": "fetch", "items": _unique(items)}) if items else []:
+        for it in reply.get("items", []):
+            fetched[(reply["role"], it["key"], it["layer"])] = it
     for k, pr in zip(keys, probes, strict=True):
         if pr is None:
             continue
         d = recs["d"][k]
         for name, role in REFERENCES.items():
-            mine = [it for it in fetched["d"] if it["key"] == k]
-            theirs = [it for it in fetched.get(role, []) if it["key"] == k]
-            diffs = block_diffs([it for it in mine if it["layer"] in pr[name]["blocks_differing"]
-                                 ], theirs, d["num_prompt_tokens"], d["block_size"])
-            add_magnitudes(pr[name], {layer: {b: v for b, v in per.items()
-                                              if b in pr[name]["blocks_differing"][layer]}
-                                      for layer, per in diffs.items()})
+            diffs = {}
+            for layer, blocks in pr[name]["blocks_differing"].items():
+                mine, theirs = fetched.get(("d", k, layer)), fetched.get((role, k, layer))
+                per = block_diffs([mine] if mine else [], [theirs] if theirs else [],
+                                  d["num_prompt_tokens"], d["block_size"]).get(layer, {})
+                diffs[layer] = {b: per.get(b) for b in blocks}
+            add_magnitudes(pr[name], diffs)
 
 
 def _unique(items: list[dict]) -> list[dict]:
