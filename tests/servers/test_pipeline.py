@@ -82,6 +82,35 @@ def test_own_servers_run_without_dev_mode_and_reset_through_the_knob_channel(pd_
     assert not any("NOT reset" in n for n in r.notes)
 
 
+def test_a_new_version_waits_for_p_to_free_blocks_d_has_not_read_yet(pd_session, base_cfg):
+    """P keeps a finished prefill's blocks until D has read them (vLLM's delayed free), and vLLM
+    refuses a prefix-cache reset while any block is held: the version's reset waits for D.
+    Here D reads 2 s after the new version is written; the reset must succeed, not give up."""
+    import threading
+    import time
+
+    from workbench import measure, proxy
+
+    body = {**measure.request_body(base_cfg), "max_tokens": 2,
+            "prompt": "def held_blocks(x):\n    return x\n" * 12}
+    pd_session.ensure(base_cfg)
+    p, d = pd_session.servers["p"].url, pd_session.servers["d"].url
+    headers = {"X-Request-Id": "wb-held-blocks"}
+    p_resp = httpx.post(f"{p}/v1/completions", json=proxy.prefill_request(body),
+                        headers=headers, timeout=60).json()
+    late = threading.Thread(target=lambda: (time.sleep(2.0), httpx.post(
+        f"{d}/v1/completions", json=proxy.decode_request(body, p_resp), headers=headers,
+        timeout=60)))
+    late.start()
+    try:
+        knobs = pd_session.apply_knobs(base_cfg)
+    finally:
+        late.join()
+    events = knobs["detail"]["p"]["components"]["engine_core"]["events"]
+    assert events["prefix_cache_reset"] is True, events
+    assert events["prefix_cache_reset_wait_s"] >= 1.0, events
+
+
 def test_extra_draft_on_d_is_the_schedulers_spec_decode_padding(pd_session, base_cfg, tmp_path,
                                                                  monkeypatch):
     """D's one extra, all-rejected draft per request comes from vLLM's scheduler padding D's

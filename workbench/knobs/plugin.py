@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -117,12 +118,32 @@ def _start_engine_core(sched) -> None:
                     on_version=reset_prefix_cache)
 
 
+RESET_WAIT_S = 30.0  # how long a new version waits for blocks still held to be freed
+
+
 def reset_prefix_cache(comp) -> dict:
     """Each control version starts a run that must not read an earlier run's KV: reset the
     scheduler's prefix cache here (``Scheduler.reset_prefix_cache``, what vLLM's dev-mode
-    ``POST /reset_prefix_cache`` reaches), so the workbench's servers need no dev mode. The
-    engine is idle when a version arrives (the workbench writes one between runs)."""
-    return {"prefix_cache_reset": bool(comp.obj.reset_prefix_cache())}
+    ``POST /reset_prefix_cache`` reaches), so the workbench's servers need no dev mode.
+
+    vLLM refuses the reset while any block is held, and P holds a finished request's blocks
+    until D has read them (``Scheduler._free_request(delay_free_blocks=...)``, freed in
+    ``Scheduler._update_from_kv_xfer_finished``): a moment after the client has D's answer, so
+    a new version can arrive first. This (control) thread waits up to ``RESET_WAIT_S`` for the
+    engine thread to free them; no request of the new run is sent before the version is acked.
+    """
+    sched, t0 = comp.obj, time.monotonic()
+    while _blocks_held(sched) and time.monotonic() - t0 < RESET_WAIT_S:
+        time.sleep(0.05)
+    return {"prefix_cache_reset": bool(sched.reset_prefix_cache()),
+            "prefix_cache_reset_wait_s": round(time.monotonic() - t0, 3)}
+
+
+def _blocks_held(sched) -> int:
+    """Blocks some request holds (``BlockPool.reset_prefix_cache``'s own test: the null block
+    is always in use)."""
+    pool = sched.kv_cache_manager.block_pool
+    return pool.num_gpu_blocks - pool.get_num_free_blocks() - 1
 
 
 def _start_worker(worker) -> None:
