@@ -332,7 +332,7 @@ def add_extra_drafts(result: Result, both: list[dict]) -> None:
             "one-token step, with num_spec_tokens placeholder drafts [-1]*k, which are all "
             "rejected and counted as a draft), which lowers vLLM's per-position rates on D by "
             f"{extra}/{pd_['num_drafts']} relative. 'per_position_without_extra_drafts' "
-            "removes them.")
+            "removes them; the knob load_step=gated-async removes the padding itself.")
 
 
 def append_to_store(result: Result, store: str | Path) -> Path:

@@ -94,6 +94,14 @@ GRIDS: dict[str, list[Point]] = {
                 "P stages the drafter's blocks before the drafter wrote them",
                 {"concurrency": c}) for c in LOAD_LEVELS),
     ],
+    # Upstream's open fix (vLLM PR #50173) on D's load step: as released, as written, and
+    # extended to the asynchronous (NIXL) load.
+    "upstream": [
+        Point(f"load step {v}", "indomain", {"load_step": v}, why) for v, why in (
+            ("as-released", "D pads its first step after the load: one all-rejected draft"),
+            ("gated", "the PR gates synchronous loads only; NIXL loads asynchronously"),
+            ("gated-async", "the padding gated after the asynchronous load: D = baseline"))
+    ],
     "smoke": [
         Point("fixed", "indomain", {}),
         Point("legacy hand-off", "badcase", {"block_handoff": "legacy"}),

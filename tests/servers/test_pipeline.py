@@ -147,3 +147,30 @@ def test_extra_draft_on_d_is_the_schedulers_spec_decode_padding(pd_session, base
         assert b["pd"]["num_drafts"] == a["baseline"]["num_drafts"], b["id"]
         assert b["pd"]["accepted_per_pos"] == a["baseline"]["accepted_per_pos"], b["id"]
         assert b["pd_tokens"] == a["baseline_tokens"], b["id"]
+
+
+def test_load_step_gated_async_removes_ds_padded_draft_and_the_prs_gate_never_fires(pd_session,
+                                                                                    base_cfg):
+    """vLLM PR #50173 as a knob. ``gated`` (the PR as written: synchronous loads only) changes
+    nothing under NIXL, which loads asynchronously: no pass gated, one padded draft per request
+    on D, a note says why. ``gated-async`` gates D's first step after the load lands: D counts
+    the baseline's drafts exactly, per request, with the same tokens and accepted counts."""
+    cfg = replace(base_cfg, num_prompts=8, max_tokens=32)
+    runs, events = {}, {}
+    for v in ("gated", "gated-async"):
+        runs[v] = r = pd_session.run(replace(cfg, knobs={**cfg.knobs, "load_step": v}))
+        assert r.knobs["d"]["load_step"] == v and r.token_agreement == 1.0, (v, r.knobs["d"])
+        events[v] = pd_session.in_force()["d"]["components"]["engine_core"]["events"][
+            "load_step"]
+    gated, fixed = runs["gated"], runs["gated-async"]
+    assert all(q["extra_pd_drafts"] == 1 for q in gated.requests), gated.requests
+    assert any("PR #50173 as written" in n for n in gated.notes)
+    assert events["gated"]["gated_passes"] == 0, events
+    assert events["gated"]["load_steps"] == events["gated"]["load_steps_padded"] == 8, events
+    for q in fixed.requests:
+        assert q["pd"]["num_drafts"] == q["baseline"]["num_drafts"], q["id"]
+        assert q["pd"]["accepted_per_pos"] == q["baseline"]["accepted_per_pos"], q["id"]
+    assert fixed.pd["num_drafts"] == fixed.baseline["num_drafts"]
+    assert not any("more drafts than the baseline" in n for n in fixed.notes)
+    ev = events["gated-async"]
+    assert ev["load_steps"] == ev["gated_passes"] == 8 and ev["load_steps_padded"] == 0, ev

@@ -200,8 +200,9 @@ def test_release_table_picks_the_finalize_mechanism_per_release():
     for r in (old, new):
         assert resolve(r.patch_set("finalize", "v1").install) is finalize.install_v1
         assert r.patch_set("lookahead", "v2") is r.patches["lookahead"]  # runner-independent
-    with pytest.raises(KeyError, match="load_step"):
-        new.patch_set("load_step")
+    assert new.patch_set("load_step", "v2") is new.patches["load_step"]
+    with pytest.raises(KeyError, match="no_such_mechanism"):
+        new.patch_set("no_such_mechanism")
     for r in (old, new):  # every reference resolves to a tuple of the documented shape
         for ps in r.patches.values():
             assert all(len(t) == 4 for t in resolve(ps.targets))

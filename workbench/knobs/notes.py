@@ -32,6 +32,14 @@ WARMUP_GPU = (
     "--enforce-eager (in force here: {eager}; set enforce_eager=False, --no-enforce-eager, to "
     "let it run).")
 
+GATED_SYNC_ONLY = (
+    "load_step=gated is vLLM PR #50173 as written: it gates the padding and the lookahead on a "
+    "synchronous external load only. NixlConnector loads asynchronously (its "
+    "get_num_new_matched_tokens answers (n, True)), so the gate never fires here "
+    "(knobs.detail.d.components.engine_core.events.load_step.gated_passes is 0) and D keeps "
+    "its one padded, all-rejected draft per request; load_step=gated-async gates the first step "
+    "after the asynchronous load lands.")
+
 
 BATCH_DEPENDENT = (
     "concurrency {n}: with this setting the outputs depend on the other requests in flight, so "
@@ -70,6 +78,8 @@ def knob_notes(knobs: dict[str, str], *, device: str, prompt_set: str,
             f"blocks={k['blocks']}: with every fix in place no slot that attention reads is "
             "left unwritten for the request, so the block contents at allocation cannot "
             "matter; expect parity.")
+    if k["load_step"] == "gated":
+        notes.append(GATED_SYNC_ONLY)
     if k["dirty_source"] == "warmup":
         notes.append(WARMUP + (WARMUP_CPU if device == "cpu"
                                else WARMUP_GPU.format(eager=enforce_eager)))

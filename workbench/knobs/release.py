@@ -10,7 +10,7 @@ between releases, which install function each patch set uses.
 Patch-set keys: ``"<mechanism>"``, or ``"<mechanism>/<runner>"`` where the V1 model runner
 (``vllm/v1/worker/gpu_model_runner.py``, also ``CPUModelRunner``'s base) and Model Runner V2
 (``vllm/v1/worker/gpu/model_runner.py``) need different patches. A new knob adds its key to
-each release it supports (``load_step`` would add ``"load_step"``).
+each release it supports (``load_step`` added ``"load_step"``).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ _COMMON = {
                            _K + "finalize:install_v1"),
     "lookahead": Patches(_K + "lookahead:TARGETS", _K + "lookahead:SOURCE"),
     "handoff": Patches(_K + "handoff:TARGETS", _K + "handoff:SOURCE"),
+    "load_step": Patches(_K + "load_step:TARGETS", _K + "load_step:SOURCE"),
     "blocks/engine": Patches(_K + "blocks:ENGINE_TARGETS", _K + "blocks:ENGINE_SOURCE"),
     "blocks/v1": Patches(_K + "blocks:WORKER_TARGETS"),
     "blocks/v2": Patches(_K + "blocks:V2_WORKER_TARGETS"),

@@ -100,6 +100,14 @@ KNOBS: dict[str, KnobSpec] = {
             hooks={"engine_core": _hook("handoff", install="install")}, roles=("p",),
         ),
         KnobSpec(
+            "load_step", ("as-released", "gated", "gated-async"), "as-released",
+            where="engine core (D): Scheduler.schedule's pad_spec_decode and lookahead on the "
+            "external-KV-load step. gated: vLLM PR #50173 (open) as written, synchronous loads "
+            "only; gated-async: the same padding gate on the first step after an asynchronous "
+            "(NIXL) load lands",
+            hooks={"engine_core": _hook("load_step", install="install")}, roles=("d",),
+        ),
+        KnobSpec(
             "blocks", ("as-is", "zeroed", "dirty", "poisoned"), "as-is",
             where="worker: KV cache tensors (zeroed: new blocks zeroed before the forward; "
             "dirty/poisoned: free KV filled with stale values before the run)",
