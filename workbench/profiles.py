@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .knobs.spec import ENV_PIN_MAIN_THREAD
+
 # The reference figures of vLLM's test on D (Llama-3.1-8B-Instruct + its EAGLE3 speculator,
 # 80 MT-Bench prompts, 256 tokens, greedy, k=3), with its two-sided relative tolerance.
 GPU_EXPECTED = {"acceptance_length": 2.60, "per_position": [0.7296, 0.5208, 0.3545],
@@ -73,7 +75,8 @@ _GPU_TEST = dict(
 PROFILES: dict[str, Profile] = {
     "cpu": Profile("cpu", "cpu", block_size=32, dtype="float32",
                    cpus={"p": "0", "d": "1", "baseline": "1"}, nixl_progress_delay_us=1000,
-                   hf_offline=True),
+                   # NIXL's CPU worker moves the forward thread to the last core (knobs/cpu_pin)
+                   server_env={ENV_PIN_MAIN_THREAD: "1"}, hf_offline=True),
     # P and D on separate GPUs at the test's 0.7 each; the baseline shares D's GPU with what
     # is left (0.25: an 8B model's weights and enough KV for 32 requests on an 80 GB GPU) and
     # runs while PD is idle. Its KV cache size changes no greedy token.

@@ -111,6 +111,28 @@ def test_a_new_version_waits_for_p_to_free_blocks_d_has_not_read_yet(pd_session,
     assert events["prefix_cache_reset_wait_s"] >= 1.0, events
 
 
+def test_each_worker_computes_on_its_own_cores_after_nixl_moved_it(pd_session, base_cfg):
+    """vLLM's CPU NIXL worker moves the forward thread to the last core
+    (``NixlBaseConnectorWorker.__init__``: ``os.sched_setaffinity(0, ...)``); the CPU profile
+    puts it back on the cores ``VLLM_CPU_OMP_THREADS_BIND`` gave the server, so P does not
+    compute on D's core."""
+    import os
+
+    from workbench.knobs.cpu_pin import parse_cpus
+
+    pd_session.ensure(base_cfg)
+    state = pd_session.in_force()
+    last = max(os.sched_getaffinity(0))
+    for role, server in pd_session.servers.items():
+        info = state[role]["components"]["worker"]["info"]
+        bound = sorted(parse_cpus(server.spec.cpus))
+        assert info["main_thread_cpus"] == bound, (role, info)
+        if role in ("p", "d"):  # the connector's choice: the last core of the NUMA node
+            assert last in info["main_thread_cpus_vllm"], (role, info)
+    assert state["p"]["components"]["worker"]["info"]["main_thread_cpus"] != \
+        state["d"]["components"]["worker"]["info"]["main_thread_cpus"]
+
+
 def test_extra_draft_on_d_is_the_schedulers_spec_decode_padding(pd_session, base_cfg, tmp_path,
                                                                  monkeypatch):
     """D's one extra, all-rejected draft per request comes from vLLM's scheduler padding D's

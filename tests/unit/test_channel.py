@@ -236,3 +236,12 @@ def test_malformed_nixl_progress_delay_is_ignored_with_a_warning(monkeypatch, ra
         assert nixl_progress.requested_delay_us() == 0
     monkeypatch.setenv(spec.ENV_NIXL_PROGRESS_DELAY_US, "1000")
     assert nixl_progress.requested_delay_us() == 1000
+
+
+def test_cpu_pin_reads_vllms_bind_lists_and_names_nothing_for_auto():
+    from workbench.knobs.cpu_pin import parse_cpus
+
+    assert parse_cpus("0") == {0} and parse_cpus("0-2") == {0, 1, 2}
+    assert parse_cpus("0,2,4-5") == {0, 2, 4, 5}
+    for nothing in ("auto", "nobind", "", "0-x", "1,,"):
+        assert parse_cpus(nothing) is None, nothing

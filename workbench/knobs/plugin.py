@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _patch, nixl_progress, spec
+from . import _patch, cpu_pin, nixl_progress, spec
 from .component import log, resolve, start_component
 from .http_channel import METHOD, worker_method
 from .release import check_version, runner_kind
@@ -155,5 +155,6 @@ def _start_worker(worker) -> None:
         "speculative": getattr(mr, "speculative_config", None) is not None,
         **_restart_env(),
         "nixl_progress_delay_us": nixl_progress.requested_delay_us(),
+        **cpu_pin.restore(),  # NIXL's worker moved this thread; the CPU profile moves it back
     }
     start_component("worker", worker, runner=runner_kind(mr), info=info)

@@ -73,6 +73,7 @@ _COMMON = {
     "blocks/v2": Patches(_K + "blocks:V2_WORKER_TARGETS"),
     "transfer": Patches(_K + "transfer:TARGETS", _K + "transfer:SOURCE"),
     "kv_probe": Patches(_K + "kv_probe:WORKER_TARGETS", _K + "kv_probe:SOURCE"),
+    "cpu_pin": Patches(_K + "cpu_pin:TARGETS", _K + "cpu_pin:SOURCE"),
 }
 
 RELEASES: dict[str, Release] = {
