@@ -23,7 +23,8 @@ What is checked, and why each check exists:
   (metadata kept for the drafter and cleared after it, ``wait_for_save`` still eager), and
   ``defer_finalize`` + ``finalize_kv_connector`` (vLLM PR #34529: both after the drafter).
 * ``cpu``: what the CPU PD + EAGLE3 pipeline needs from the release: NIXL accepting a ``cpu``
-  KV buffer on the ``cpu`` platform (``_NIXL_SUPPORTED_DEVICE``), the CPU model runner
+  KV buffer on the ``cpu`` platform (``_NIXL_SUPPORTED_DEVICE``), NIXL's layout logic
+  (``TransferTopology``) able to register the CPU attention backend's cache, the CPU model runner
   accepting a speculative config (older ones assert it is None), the EAGLE3 draft model class,
   and whether the CPU's native rejection-sampler kernel accepts every keyword the release's own
   rejection sampler passes (a mismatch stops the server at its sampler warm-up: see
@@ -234,6 +235,44 @@ def _call_kwargs(text: str, func: str) -> set[str]:
     return out
 
 
+CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"
+KV_UTILS = "vllm.distributed.kv_transfer.kv_connector.utils"
+
+
+def _cpu_kv_dims(src: Source) -> int | None:
+    """How many dims CPU_ATTN's ``get_kv_cache_shape`` returns (5: ``(2, num_blocks, H, N,
+    D)``, K/V first; 4: ``(num_blocks, H, N, 2 * D)``, K and V packed), or None."""
+    found = find_def(src, CPU_ATTN, "CPUAttentionBackend.get_kv_cache_shape")
+    if found is None:
+        return None
+    for node in ast.walk(found[0]):
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple | ast.List):
+            return len(node.value.elts)
+    return None
+
+
+def nixl_layout_check(src: Source) -> Row:
+    """Whether NIXL can register the CPU attention backend's KV cache. TransferTopology (the
+    NIXL worker's layout logic, 0.20.0+) tells blocks-first from K/V-first by a 5-D probe and
+    splits K/V-first caches into a K and a V region along dim 0; CPU_ATTN's packed 4-D cache
+    (0.23.0+) is then split along num_blocks and register_kv_caches asserts, until 0.26.0
+    registers every layer as one region."""
+    name = "NIXL registers the CPU attention cache (TransferTopology vs CPU_ATTN's layout)"
+    dims = _cpu_kv_dims(src)
+    topo = _def_where(src, KV_UTILS, "TransferTopology.get_transfer_cache_regions")
+    if topo is None:
+        return _row("cpu", name, False, f"{KV_UTILS}:TransferTopology absent: NIXL's own "
+                    f"layout logic (not checked); CPU_ATTN cache {dims}-D")
+    where, text = topo
+    splits = "self.split_k_and_v" in text
+    ok = not (splits and dims == 4)
+    how = ("splits K/V-first caches (split_k_and_v)" if splits
+           else "one region per layer")
+    return _row("cpu", name, ok, f"{where}: {how}; CPU_ATTN cache {dims}-D"
+                + ("" if ok else ": the packed cache is split along num_blocks and "
+                   "register_kv_caches asserts (compat fix nixl_cpu_attn_packed_kv)"))
+
+
 def cpu_checks(src: Source) -> list[Row]:
     rows: list[Row] = []
     devs = _nixl_devices(src)
@@ -253,6 +292,7 @@ def cpu_checks(src: Source) -> list[Row]:
     eagle = _first_file(src, "vllm/model_executor/models/registry.py", r"LlamaForCausalLMEagle3")
     rows.append(_row("cpu", "EAGLE3 draft class LlamaForCausalLMEagle3 registered",
                      eagle is not None, f"{eagle[0]}:{eagle[1]}" if eagle else "not registered"))
+    rows.append(nixl_layout_check(src))
     tl, rs = src.read(CPU_TL), src.read(REJECTION)
     impl = find_def(src, "vllm.utils.cpu_triton_utils", "_sample_recovered_tokens_kernel_impl")
     if tl is None or impl is None or rs is None:
@@ -312,7 +352,7 @@ def survey_wheel(version: str, wheel: Path, servers: list[dict[str, Any]]) -> di
     k_rows = contract_checks(src, servers)
     rows = [*h_rows, *f_rows, *c_rows, *k_rows]
     blockers = [r["name"] for r in c_rows if not r["ok"]]
-    blockers += [f"{r['kind']} {r['name']}: {r['where']}" for r in k_rows if not r["ok"]]
+    blockers += [f"{r['kind']} {r['name']}" for r in k_rows if not r["ok"]]
     per_pos = next((r for r in k_rows if r["kind"] == "metric" and r["name"].startswith(PER_POS)),
                    None)
     return {
@@ -325,6 +365,8 @@ def survey_wheel(version: str, wheel: Path, servers: list[dict[str, Any]]) -> di
         "finalize": finalize,
         "cpu_spec_decode": next(r["ok"] for r in c_rows if "speculative" in r["name"]),
         "nixl_cpu_buffer": c_rows[0]["ok"],
+        "nixl_cpu_attn_layout": next(r["ok"] for r in c_rows if r["name"].startswith(
+            "NIXL registers")),
         "per_position_counter": bool(per_pos and per_pos["ok"]),
         "per_request_spec_metrics": any(r["name"] == "--per-request-spec-decode-metrics"
                                         and r["ok"] for r in k_rows),
@@ -352,17 +394,39 @@ def save(records: dict[str, dict[str, Any]], path: Path = OUT) -> None:
                              "releases": ordered})
 
 
+_SHORT = {"NIXL: kv": "NIXL cpu buffer", "NIXL registers": "NIXL vs CPU_ATTN layout",
+          "CPUModelRunner": "spec decode on CPU",
+          "EAGLE3": "EAGLE3 class", "CPU recovered-token": "recovered-token kernel kwargs"}
+
+
+def _short_missing(missing: list[str]) -> str:
+    """``missing`` for a table cell: CPU needs by short name, the contract checks counted by
+    kind, with the flags named (the field checks all follow from the per-request flag)."""
+    cpu = [next((v for k, v in _SHORT.items() if m.startswith(k)), m) for m in missing
+           if not m.startswith(("flag ", "value ", "env ", "metric ", "field "))]
+    flags = [m.split(" ", 1)[1] for m in missing if m.startswith("flag ")]
+    rest: dict[str, int] = {}
+    for m in missing:
+        kind = m.split(" ", 1)[0]
+        if kind in ("value", "env", "metric", "field"):
+            rest[kind] = rest.get(kind, 0) + 1
+    parts = cpu + [f"`{f}`" for f in flags] + [f"{n} {k}" for k, n in rest.items()]
+    return "; ".join(parts)
+
+
 def table(records: Iterable[dict[str, Any]]) -> str:
     """The summary table of ``data/releases/README.md``."""
-    head = ("| release | torch pin | hand-off | finalize | NIXL cpu buffer | spec decode on CPU "
-            "| per-pos counter | per-request metrics | missing for the CPU profile |")
-    lines = [head, "|" + "---|" * 9]
+    head = ("| release | torch pin | hand-off | finalize | NIXL cpu buffer | NIXL vs CPU_ATTN "
+            "layout | spec decode on CPU | per-pos counter | per-request metrics | missing for "
+            "the CPU profile |")
+    lines = [head, "|" + "---|" * 10]
     yn = {True: "yes", False: "**no**"}
     for r in sorted(records, key=lambda r: _vkey(r["version"])):
         torch = "; ".join(t.split(";")[0] for t in r["pins"]["torch"][:1])
-        miss = "; ".join(m.split(":")[0] for m in r["missing"]) or "-"
+        miss = _short_missing(r["missing"]) or "-"
         lines.append(f"| {r['version']} | `{torch}` | {r['handoff']} | {r['finalize']} | "
-                     f"{yn[r['nixl_cpu_buffer']]} | {yn[r['cpu_spec_decode']]} | "
+                     f"{yn[r['nixl_cpu_buffer']]} | {yn[r['nixl_cpu_attn_layout']]} | "
+                     f"{yn[r['cpu_spec_decode']]} | "
                      f"{yn[r['per_position_counter']]} | {yn[r['per_request_spec_metrics']]} | "
                      f"{miss} |")
     return "\n".join(lines)
