@@ -96,8 +96,9 @@ def wheel_metadata(wheel: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------- helpers --
-def _row(kind: str, name: str, ok: bool, where: str) -> Row:
-    return {"kind": kind, "name": name, "ok": bool(ok), "where": where}
+def _row(kind: str, name: str, ok: bool | None, where: str) -> Row:
+    """One check's outcome; ``ok`` None: not determined statically (``where`` says why)."""
+    return {"kind": kind, "name": name, "ok": None if ok is None else bool(ok), "where": where}
 
 
 def _def_where(src: Source, module: str, qual: str) -> tuple[str, str] | None:
@@ -152,9 +153,9 @@ def handoff_checks(src: Source) -> tuple[list[Row], str]:
     rows.append(_row("handoff", "NIXL request_finished sends the scheduler's ids unchanged "
                      "(remote_block_ids=block_ids)", sent is not None,
                      f"{sent[0]}:{sent[1]}" if sent else "no 'remote_block_ids=block_ids'"))
-    tail = _first_file(src, NIXL_DIR + "nixl", r"\[-num_local_blocks:\]")
+    tail = _first_file(src, NIXL_DIR + "nixl", r"\[-num_(local|decode)_blocks:\]")
     rows.append(_row("handoff", "NIXL worker on D keeps the tail of a longer remote block "
-                     "list ([-num_local_blocks:])", tail is not None,
+                     "list ([-num_local_blocks:] / [-num_decode_blocks:])", tail is not None,
                      f"{tail[0]}:{tail[1]}" if tail else "not found"))
     return rows, verdict
 
@@ -259,18 +260,22 @@ def nixl_layout_check(src: Source) -> Row:
     registers every layer as one region."""
     name = "NIXL registers the CPU attention cache (TransferTopology vs CPU_ATTN's layout)"
     dims = _cpu_kv_dims(src)
-    topo = _def_where(src, KV_UTILS, "TransferTopology.get_transfer_cache_regions")
-    if topo is None:
-        return _row("cpu", name, False, f"{KV_UTILS}:TransferTopology absent: NIXL's own "
-                    f"layout logic (not checked); CPU_ATTN cache {dims}-D")
-    where, text = topo
-    splits = "self.split_k_and_v" in text
-    ok = not (splits and dims == 4)
-    how = ("splits K/V-first caches (split_k_and_v)" if splits
-           else "one region per layer")
-    return _row("cpu", name, ok, f"{where}: {how}; CPU_ATTN cache {dims}-D"
-                + ("" if ok else ": the packed cache is split along num_blocks and "
-                   "register_kv_caches asserts (compat fix nixl_cpu_attn_packed_kv)"))
+    cls = _def_where(src, KV_UTILS, "TransferTopology")
+    if cls is None:  # older NIXL code: its own layout logic, not modelled here
+        return _row("cpu", name, None, f"not determined: {KV_UTILS}:TransferTopology absent "
+                    f"(NIXL's older layout logic); CPU_ATTN cache {dims}-D")
+    regions = _def_where(src, KV_UTILS, "TransferTopology.get_transfer_cache_regions")
+    splits = regions is not None and "self.split_k_and_v" in regions[1]
+    where = regions[0] if regions else cls[0]
+    how = ("get_transfer_cache_regions splits K/V-first caches (split_k_and_v)" if splits
+           else "one region per layer (no K/V split)")
+    ok: bool | None = not (splits and dims == 4)
+    if splits and dims is None:
+        ok = None
+    return _row("cpu", name, ok, f"{where}: {how}; CPU_ATTN cache "
+                f"{dims if dims else 'base-class'}-D"
+                + ("" if ok is not False else ": the packed cache is split along num_blocks "
+                   "and register_kv_caches asserts (compat fix nixl_cpu_attn_packed_kv)"))
 
 
 def cpu_checks(src: Source) -> list[Row]:
@@ -351,7 +356,7 @@ def survey_wheel(version: str, wheel: Path, servers: list[dict[str, Any]]) -> di
     c_rows = cpu_checks(src)
     k_rows = contract_checks(src, servers)
     rows = [*h_rows, *f_rows, *c_rows, *k_rows]
-    blockers = [r["name"] for r in c_rows if not r["ok"]]
+    blockers = [r["name"] for r in c_rows if r["ok"] is False]
     blockers += [f"{r['kind']} {r['name']}" for r in k_rows if not r["ok"]]
     per_pos = next((r for r in k_rows if r["kind"] == "metric" and r["name"].startswith(PER_POS)),
                    None)
@@ -420,7 +425,7 @@ def table(records: Iterable[dict[str, Any]]) -> str:
             "layout | spec decode on CPU | per-pos counter | per-request metrics | missing for "
             "the CPU profile |")
     lines = [head, "|" + "---|" * 10]
-    yn = {True: "yes", False: "**no**"}
+    yn = {True: "yes", False: "**no**", None: "?"}
     for r in sorted(records, key=lambda r: _vkey(r["version"])):
         torch = "; ".join(t.split(";")[0] for t in r["pins"]["torch"][:1])
         miss = _short_missing(r["missing"]) or "-"
@@ -430,6 +435,23 @@ def table(records: Iterable[dict[str, Any]]) -> str:
                      f"{yn[r['per_position_counter']]} | {yn[r['per_request_spec_metrics']]} | "
                      f"{miss} |")
     return "\n".join(lines)
+
+
+README = DATA / "releases" / "README.md"
+TABLE_BEGIN, TABLE_END = "<!-- survey-table:begin -->", "<!-- survey-table:end -->"
+
+
+def write_readme_table(records: dict[str, dict[str, Any]], readme: Path = README) -> bool:
+    """Rewrite the table between the README's survey markers; False when it has none."""
+    if not readme.is_file():
+        return False
+    text = readme.read_text()
+    pattern = re.compile(re.escape(TABLE_BEGIN) + ".*?" + re.escape(TABLE_END), re.S)
+    if not pattern.search(text):
+        return False
+    block = f"{TABLE_BEGIN}\n{table(records.values())}\n{TABLE_END}"
+    readme.write_text(pattern.sub(lambda _m: block, text))
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -449,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{v}: hand-off {r['handoff']}, finalize {r['finalize']}, "
               f"missing {len(r['missing'])}", flush=True)
     save(records, out)
+    if out.resolve() == OUT.resolve():
+        write_readme_table(records)
     print(table(records.values()))
     return 0
 
