@@ -140,14 +140,15 @@ def _install_nixl_packed_kv() -> bool:
 FIXES: tuple[Fix, ...] = (
     Fix(
         name="cpu_recovered_kernel_kwarg",
-        first="0.24.0", last="0.24.0",
+        first="0.23.0", last="0.24.0",
         target="vllm.utils.cpu_triton_utils:_sample_recovered_tokens_kernel_impl "
                "(and the _FuncWrapper sample_recovered_tokens_kernel holding it)",
         why="vllm/v1/sample/rejection_sampler.py:sample_recovered_tokens passes "
             "USE_FP64_GUMBEL=use_fp64_gumbel to sample_recovered_tokens_kernel, which the CPU "
             "model runner (cpu_model_runner.py:_postprocess_triton) replaces with "
             "cpu_triton_utils._sample_recovered_tokens_kernel_impl, whose signature lacks "
-            "that keyword: the engine dies with a TypeError at start-up, in "
+            "that keyword (0.23.0 and 0.24.0, from the survey): a TypeError at start-up "
+            "(reported live in issue 14 for 0.24.0; not re-run here without the fix), in "
             "GPUModelRunner._dummy_sampler_run, which warms the rejection sampler up with "
             "non-greedy dummy requests (temperature 0.5, all_greedy=False). vLLM 0.25.0's "
             "kernel takes the keyword and casts inv_q to float32; the wrapper does the same.",
