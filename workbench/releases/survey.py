@@ -10,7 +10,9 @@ nothing imported).
 What is checked, and why each check exists:
 
 * ``handoff``: whether P hands D every block of a finished request, the lookahead block
-  included (the *unclipped* hand-off, re-created on 0.32.0 by ``block_handoff=legacy``). The
+  included, and whether P allocates a lookahead block for a new prompt at all (up to 0.22.1 the
+  scheduler withholds it while nothing of the prompt is computed, so there only prompts with a
+  prefix-cache hit on P get the extra block) (the *unclipped* hand-off, re-created on 0.32.0 by ``block_handoff=legacy``). The
   fix added ``KVCacheManager.get_block_ids_for_computed_tokens`` and made
   ``Scheduler._connector_finished`` pass its clipped ids to the connector's
   ``request_finished``; before it, the scheduler passed ``get_block_ids(request_id)``. Also
@@ -129,6 +131,30 @@ SCHED = "vllm.v1.core.sched.scheduler"
 NIXL_DIR = "vllm/distributed/kv_transfer/kv_connector/v1/"
 
 
+P_LOOKAHEAD = "P allocates the lookahead block for a new (uncached) prompt"
+
+
+def p_lookahead_check(src: Source) -> Row:
+    """Whether the scheduler gives a *new* request its lookahead slots. Up to 0.22.1,
+    ``Scheduler.schedule`` withholds them while ``request.num_computed_tokens == 0`` (so P
+    allocates ``ceil(N / bs)`` blocks for an uncached prompt and the unclipped hand-off has
+    no extra block to hand over: only a prompt with a prefix-cache hit on P gets one); from
+    0.23.0 it withholds them only for asynchronous KV loads (``limit_lookahead_tokens =
+    load_kv_async and ...``: D), so P allocates ``ceil((N + k) / bs)`` for every prompt."""
+    found = _def_where(src, SCHED, "Scheduler.schedule")
+    if found is None:
+        return _row("handoff", P_LOOKAHEAD, None, f"{SCHED}:Scheduler.schedule not defined")
+    where, text = found
+    if "if request.num_computed_tokens == 0 else self.num_lookahead_tokens" in text:
+        return _row("handoff", P_LOOKAHEAD, False, f"{where}: effective_lookahead_tokens = 0 "
+                    "if request.num_computed_tokens == 0 (only a prefix-cache hit gets one)")
+    m = re.search(r"limit_lookahead_tokens = load_kv_async[^\n]*", text)
+    if m:
+        return _row("handoff", P_LOOKAHEAD, True, f"{where}: {m.group(0).strip()} (withheld "
+                    "for async KV loads only)")
+    return _row("handoff", P_LOOKAHEAD, None, f"{where}: neither form found")
+
+
 def handoff_checks(src: Source) -> tuple[list[Row], str]:
     """The rows of the hand-off family and its verdict: ``unclipped`` (P hands D every block,
     lookahead included), ``clipped``, or ``unknown`` when the scheduler's call is not found."""
@@ -149,6 +175,7 @@ def handoff_checks(src: Source) -> tuple[list[Row], str]:
                 else "kv_cache_manager.get_block_ids(request_id)" if unclipped else "neither")
         rows.append(_row("handoff", "Scheduler._connector_finished passes the clipped ids",
                          clipped, f"{where}: {call}"))
+    rows.append(p_lookahead_check(src))
     sent = _first_file(src, NIXL_DIR + "nixl", r"remote_block_ids\s*=\s*block_ids\b")
     rows.append(_row("handoff", "NIXL request_finished sends the scheduler's ids unchanged "
                      "(remote_block_ids=block_ids)", sent is not None,
@@ -367,6 +394,7 @@ def survey_wheel(version: str, wheel: Path, servers: list[dict[str, Any]]) -> di
         "bytes": wheel.stat().st_size,
         "pins": pins(wheel_metadata(wheel)),
         "handoff": handoff,
+        "p_lookahead_new_prompt": next(r["ok"] for r in h_rows if r["name"] == P_LOOKAHEAD),
         "finalize": finalize,
         "cpu_spec_decode": next(r["ok"] for r in c_rows if "speculative" in r["name"]),
         "nixl_cpu_buffer": c_rows[0]["ok"],
@@ -421,15 +449,16 @@ def _short_missing(missing: list[str]) -> str:
 
 def table(records: Iterable[dict[str, Any]]) -> str:
     """The summary table of ``data/releases/README.md``."""
-    head = ("| release | torch pin | hand-off | finalize | NIXL cpu buffer | NIXL vs CPU_ATTN "
-            "layout | spec decode on CPU | per-pos counter | per-request metrics | missing for "
-            "the CPU profile |")
-    lines = [head, "|" + "---|" * 10]
+    head = ("| release | torch pin | hand-off | P lookahead block, new prompt | finalize | NIXL "
+            "cpu buffer | NIXL vs CPU_ATTN layout | spec decode on CPU | per-pos counter | "
+            "per-request metrics | missing for the CPU profile |")
+    lines = [head, "|" + "---|" * 11]
     yn = {True: "yes", False: "**no**", None: "?"}
     for r in sorted(records, key=lambda r: _vkey(r["version"])):
         torch = "; ".join(t.split(";")[0] for t in r["pins"]["torch"][:1])
         miss = _short_missing(r["missing"]) or "-"
-        lines.append(f"| {r['version']} | `{torch}` | {r['handoff']} | {r['finalize']} | "
+        lines.append(f"| {r['version']} | `{torch}` | {r['handoff']} | "
+                     f"{yn[r['p_lookahead_new_prompt']].replace('**', '')} | {r['finalize']} | "
                      f"{yn[r['nixl_cpu_buffer']]} | {yn[r['nixl_cpu_attn_layout']]} | "
                      f"{yn[r['cpu_spec_decode']]} | "
                      f"{yn[r['per_position_counter']]} | {yn[r['per_request_spec_metrics']]} | "
