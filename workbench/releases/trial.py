@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             p.stop()
         atomic_write_json(out / f"pd-{tag}.json", pd)
     for role in specs:
-        trim_log(logs / f"{role}.log", out / f"{role}.log")
+        if (logs / f"{role}.log").is_file():  # roles this invocation started
+            trim_log(logs / f"{role}.log", out / f"{role}.log")
     if base and pd:
         agree = agreement(base, pd)
         record.update(
