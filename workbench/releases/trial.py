@@ -152,7 +152,7 @@ def agreement(base: list[dict], pd: list[dict]) -> list[dict]:
     out = []
     for b, d in zip(base, pd, strict=True):
         bt, dt = b["token_ids"] or [], d["token_ids"] or []
-        first = next((i for i, (x, y) in enumerate(zip(bt, dt)) if x != y),
+        first = next((i for i, (x, y) in enumerate(zip(bt, dt, strict=False)) if x != y),
                      None if len(bt) == len(dt) else min(len(bt), len(dt)))
         same = (bt == dt) if b["token_ids"] is not None else (b["text"] == d["text"])
         out.append({"id": b["id"], "n": b["n"], "bad_case": d["bad_case"], "match": same,
