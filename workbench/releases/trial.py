@@ -108,9 +108,15 @@ async def _pd_one(p_url: str, d_url: str, body: dict) -> tuple[dict, dict, dict]
 
 
 def run_pd(client: httpx.Client, p: VllmServer, d: VllmServer, body: dict, ps: list,
-           block_size: int, k_p: int) -> list[dict]:
+           block_size: int, k_p: int, prime_p: bool = False) -> list[dict]:
+    """P then D per prompt. ``prime_p``: first send the plain prompt to P alone (one token),
+    so the PD request finds it in P's prefix cache (``num_computed_tokens > 0`` when P
+    schedules it), which is when releases up to 0.22.1 give P's request its lookahead slots."""
     rows = []
     for pr in ps:
+        if prime_p:
+            client.post(f"{p.url}/v1/completions", timeout=300,
+                        json={**body, "max_tokens": 1, "prompt": pr.token_ids}).raise_for_status()
         before = scrape(client, d.url)
         p_before = scrape(client, p.url)
         p_resp, d_resp, timings = asyncio.run(
@@ -173,10 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-request-metrics", action="store_true",
                     help="pass --per-request-spec-decode-metrics (releases that have it)")
     ap.add_argument("--only", choices=("baseline", "pd", "both"), default="both")
+    ap.add_argument("--prime-p", action="store_true",
+                    help="send each prompt to P alone first (a prefix-cache hit on P)")
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    logs = out / "logs-full"  # untrimmed logs: kept out of git (trimmed copies are committed)
+    suffix = "-primed-p" if args.prime_p else ""
+    logs = out / f"logs-full{suffix}"  # untrimmed: kept out of git (trimmed copies committed)
     fixes_log = out / "fixes.log"
     specs, cfg = specs_for(args.python, logs, args.per_request_metrics, fixes_log)
     version = subprocess.run([args.python, "-c", "import importlib.metadata as m; "
@@ -185,10 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     ps = prompts.build(args.prompt_set, args.prompts, str(cfg.target),
                        block_size=cfg.block_size)
     body = {**request_body(cfg), "max_tokens": 64}
-    tag = f"{args.prompt_set}{args.prompts}"
+    base_tag = f"{args.prompt_set}{args.prompts}"
+    tag = base_tag + suffix
     record: dict[str, Any] = {
         "vllm_version": version, "python": args.python, "prompt_set": args.prompt_set,
-        "num_prompts": args.prompts, "request": body, "knobs": "none (plugin not installed)",
+        "num_prompts": args.prompts, "request": body, "prime_p": args.prime_p,
+        "knobs": "none (plugin not installed)",
         "commands": {r: {"argv": s.command(), "env": s.env()} for r, s in specs.items()},
     }
     client = httpx.Client()
@@ -202,9 +213,9 @@ def main(argv: list[str] | None = None) -> int:
             record["baseline_wall_s"] = time.monotonic() - t0
         finally:
             srv.stop()
-        atomic_write_json(out / f"baseline-{tag}.json", base)
+        atomic_write_json(out / f"baseline-{base_tag}.json", base)
     else:
-        base = json.loads((out / f"baseline-{tag}.json").read_text())
+        base = json.loads((out / f"baseline-{base_tag}.json").read_text())
     pd: list[dict] = []
     if args.only in ("pd", "both"):
         p = start(specs["p"])
@@ -213,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 record["p_ready_s"], record["d_ready_s"] = p.ready_seconds, d.ready_seconds
                 t0 = time.monotonic()
-                pd = run_pd(client, p, d, body, ps, cfg.block_size, cfg.k_p)
+                pd = run_pd(client, p, d, body, ps, cfg.block_size, cfg.k_p, args.prime_p)
                 record["pd_wall_s"] = time.monotonic() - t0
             finally:
                 d.stop()
@@ -222,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_json(out / f"pd-{tag}.json", pd)
     for role in specs:
         if (logs / f"{role}.log").is_file():  # roles this invocation started
-            trim_log(logs / f"{role}.log", out / f"{role}.log")
+            trim_log(logs / f"{role}.log", out / f"{role}{suffix}.log")
     if base and pd:
         agree = agreement(base, pd)
         record.update(
