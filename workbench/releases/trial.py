@@ -110,8 +110,9 @@ async def _pd_one(p_url: str, d_url: str, body: dict) -> tuple[dict, dict, dict]
 def run_pd(client: httpx.Client, p: VllmServer, d: VllmServer, body: dict, ps: list,
            block_size: int, k_p: int, prime_p: bool = False) -> list[dict]:
     """P then D per prompt. ``prime_p``: first send the plain prompt to P alone (one token),
-    so the PD request finds it in P's prefix cache (``num_computed_tokens > 0`` when P
-    schedules it), which is when releases up to 0.22.1 give P's request its lookahead slots."""
+    so the PD request finds it in P's prefix cache: to test whether a prefix hit makes
+    releases up to 0.22.1 give P's request its lookahead slots (on 0.22.1 it does not: the
+    scheduler tests ``request.num_computed_tokens``, still 0 at the first step)."""
     rows = []
     for pr in ps:
         if prime_p:
