@@ -12,8 +12,8 @@ What is checked, and why each check exists:
 * ``handoff``: whether P hands D every block of a finished request, the lookahead block
   included (the *unclipped* hand-off, re-created on 0.32.0 by ``block_handoff=legacy``), and
   whether P allocates a lookahead block for a new prompt at all (up to 0.22.1 the scheduler
-  withholds it while nothing of the prompt is computed, so there only prompts with a
-  prefix-cache hit on P get the extra block). The
+  withholds it at a request's first step, so there only a prefill chunked over several steps
+  gets the extra block). The
   fix added ``KVCacheManager.get_block_ids_for_computed_tokens`` and made
   ``Scheduler._connector_finished`` pass its clipped ids to the connector's
   ``request_finished``; before it, the scheduler passed ``get_block_ids(request_id)``. Also
@@ -137,18 +137,21 @@ P_LOOKAHEAD = "P allocates the lookahead block for a new (uncached) prompt"
 
 def p_lookahead_check(src: Source) -> Row:
     """Whether the scheduler gives a *new* request its lookahead slots. Up to 0.22.1,
-    ``Scheduler.schedule`` withholds them while ``request.num_computed_tokens == 0`` (so P
-    allocates ``ceil(N / bs)`` blocks for an uncached prompt and the unclipped hand-off has
-    no extra block to hand over: only a prompt with a prefix-cache hit on P gets one); from
-    0.23.0 it withholds them only for asynchronous KV loads (``limit_lookahead_tokens =
-    load_kv_async and ...``: D), so P allocates ``ceil((N + k) / bs)`` for every prompt."""
+    ``Scheduler.schedule`` withholds them while ``request.num_computed_tokens == 0``, which
+    holds at every new request's first scheduling, prefix-cache hit or not (the hit is kept in
+    a local ``num_computed_tokens`` until after the allocation): P allocates ``ceil(N / bs)``
+    blocks and the unclipped hand-off has no extra block to hand over, unless the prefill
+    takes more than one step (chunked prefill: the running queue allocates with lookahead).
+    From 0.23.0 the slots are withheld only for asynchronous KV loads (``limit_lookahead_tokens
+    = load_kv_async and ...``: D), so P allocates ``ceil((N + k) / bs)`` for every prompt."""
     found = _def_where(src, SCHED, "Scheduler.schedule")
     if found is None:
         return _row("handoff", P_LOOKAHEAD, None, f"{SCHED}:Scheduler.schedule not defined")
     where, text = found
     if "if request.num_computed_tokens == 0 else self.num_lookahead_tokens" in text:
         return _row("handoff", P_LOOKAHEAD, False, f"{where}: effective_lookahead_tokens = 0 "
-                    "if request.num_computed_tokens == 0 (only a prefix-cache hit gets one)")
+                    "if request.num_computed_tokens == 0 (true at every new request's first "
+                    "step, prefix hit or not; only a later prefill chunk gets lookahead)")
     m = re.search(r"limit_lookahead_tokens = load_kv_async[^\n]*", text)
     if m:
         return _row("handoff", P_LOOKAHEAD, True, f"{where}: {m.group(0).strip()} (withheld "
