@@ -9,7 +9,7 @@ STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe
+.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases
 
 setup: $(STAMP)
 
@@ -70,3 +70,14 @@ compat: setup
 # Every mechanism's KV signature: the default grid with the KV probe (README, "The KV probe").
 kv-probe: setup
 	$(PY) -m workbench sweep --grid default --kv-probe --prompts 32 --out data/kv-probe
+
+# Old releases against the knobs (README, "Native bugs in old releases"): builds the release's
+# own environment under .venvs/ (uv; about 6 GB), runs it natively on the CPU pipeline, then the
+# knob settings on the installed release on the same prompts, request by request.
+RELEASE ?= 0.24.0
+releases: setup
+	bash scripts/build-release-env.sh $(RELEASE)
+	$(PY) -m workbench.releases.trial --python .venvs/vllm-$(RELEASE)/bin/python \
+		--out data/releases/$(RELEASE)
+	$(PY) -m workbench.releases.compare --native data/releases/$(RELEASE)/pd-indomain16.json \
+		--out data/releases/knobs-0.32.0

@@ -3,13 +3,19 @@ import importlib.util
 import os
 import sys
 
-PATH = os.environ.get("WORKBENCH_COMPAT_FIXES",
-                      "/work/wt-issue14/workbench/releases/compat_fixes.py")
+# The checkout's workbench/releases/compat_fixes.py; workbench.releases.trial sets it for the
+# servers it starts. Unset: this env runs its release with no fix (and says so on stderr).
+PATH = os.environ.get("WORKBENCH_COMPAT_FIXES", "")
 _DONE = []
 
 
 def register():
     if _DONE:
+        return _DONE[0]
+    if not PATH:
+        print("workbench release fixes: WORKBENCH_COMPAT_FIXES not set, no fix applied",
+              file=sys.stderr)
+        _DONE.append([])
         return _DONE[0]
     spec = importlib.util.spec_from_file_location("workbench_compat_fixes", PATH)
     mod = importlib.util.module_from_spec(spec)

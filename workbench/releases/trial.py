@@ -43,6 +43,8 @@ from ..plan import server_specs
 from ..provenance import atomic_write_json
 from ..servers import ServerSpec, VllmServer
 
+# The fixes the release's shim loads by path (scripts/release-shim): this checkout's.
+COMPAT_FIXES = Path(__file__).with_name("compat_fixes.py")
 # Lines of a server log worth keeping in the record (the rest is start-up noise).
 LOG_KEEP = ("Error", "error", "Traceback", "WARNING", "workbench release fixes", "nixl",
             "NIXL", "Nixl", "use_host_buffer", "speculative", "Speculative", "eagle", "EAGLE",
@@ -69,7 +71,8 @@ def specs_for(python: str, log_dir: Path, per_request_metrics: bool,
         fields = {k: getattr(s, k) for k in s.__dataclass_fields__ if k != "auto_ports"}
         fields.update(python=python, per_request_metrics=per_request_metrics,
                       knobs_file=None, knobs_state_dir=None, nixl_progress_delay_us=0,
-                      extra_env={**s.extra_env, "WORKBENCH_RELEASE_FIXES_LOG": str(fixes_log)})
+                      extra_env={**s.extra_env, "WORKBENCH_RELEASE_FIXES_LOG": str(fixes_log),
+                                 "WORKBENCH_COMPAT_FIXES": str(COMPAT_FIXES)})
         out[s.role] = OldSpec(**fields)
     return out, cfg
 
