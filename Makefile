@@ -71,13 +71,10 @@ compat: setup
 kv-probe: setup
 	$(PY) -m workbench sweep --grid default --kv-probe --prompts 32 --out data/kv-probe
 
-# Old releases against the knobs (README, "Native bugs in old releases"): builds the release's
-# own environment under .venvs/ (uv; about 6 GB), runs it natively on the CPU pipeline, then the
-# knob settings on the installed release on the same prompts, request by request.
+# Old releases against the knobs (README, "Native bugs in old releases"): builds each release's
+# own environment under .venvs/ (uv; about 6 GB, once), runs it natively with the plugin
+# observe-only, runs the knob settings on the installed release on the same prompts, and writes
+# data/releases/results.csv and the native_vs_knob figures.
 RELEASE ?= 0.24.0
 releases: setup
-	bash scripts/build-release-env.sh $(RELEASE)
-	$(PY) -m workbench.releases.trial --python .venvs/vllm-$(RELEASE)/bin/python \
-		--out data/releases/$(RELEASE)
-	$(PY) -m workbench.releases.compare --native data/releases/$(RELEASE)/pd-indomain16.json \
-		--out data/releases/knobs-0.32.0
+	$(PY) -m workbench releases --vllm $(RELEASE)

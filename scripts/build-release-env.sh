@@ -5,7 +5,9 @@
 # PyTorch CPU index); where that index is unreachable, the plain PyPI torch==X (a CUDA build,
 # which runs on a CPU) is installed instead and the release is installed --no-deps with the
 # rest of its requirements (its METADATA's Requires-Dist without torch/torchvision/torchaudio).
-# Then NIXL, and the throwaway plugin that installs workbench/releases/compat_fixes.py.
+# Then NIXL, and this checkout's workbench package, editable and without its dependencies: its
+# vLLM plugin runs there observe-only (workbench/knobs/observe.py: the release's compatibility
+# fixes, no knob).
 set -euo pipefail
 VER=$1
 R=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,10 +28,10 @@ $UV pip install --python $V/bin/python "torch==$TORCH"
 T2=$(date +%s)
 $UV pip install --python $V/bin/python --no-deps "$W"
 $UV pip install --python $V/bin/python -r $C/requirements-notorch.txt nixl==1.5.1
-$UV pip install --python $V/bin/python "$R/scripts/release-shim"
+$UV pip install --python $V/bin/python --no-deps -e "$R"
 T3=$(date +%s)
 $UV pip uninstall --python $V/bin/python torchvision torchaudio torchcodec || true
 T4=$(date +%s)
-echo "TIMES uv_tool=$((T1-T0)) torch=$((T2-T1)) vllm+deps+nixl+shim=$((T3-T2)) uninstall=$((T4-T3)) total_env=$((T4-T1))"
+echo "TIMES uv_tool=$((T1-T0)) torch=$((T2-T1)) vllm+deps+nixl+workbench=$((T3-T2)) uninstall=$((T4-T3)) total_env=$((T4-T1))"
 du -sh $V
 $UV pip freeze --python $V/bin/python > $V/requirements.lock

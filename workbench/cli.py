@@ -299,6 +299,23 @@ def _add_compat(sub) -> None:
     cp.set_defaults(func=cmd_compat)
 
 
+def cmd_releases(args: argparse.Namespace) -> int:
+    """Old releases natively beside the knobs (``workbench/releases/run.py``)."""
+    from .releases import run
+
+    return run.execute(args, "python -m workbench releases " + " ".join(sys.argv[2:]))
+
+
+def _add_releases(sub) -> None:
+    from .releases import run
+
+    rp = sub.add_parser("releases", parents=[run.parser(add_help=False)],
+                        help="run old vLLM releases natively (their own environments, the "
+                        "plugin observe-only) beside the knobs that re-create their bugs; "
+                        "results.csv and the native_vs_knob figures")
+    rp.set_defaults(func=cmd_releases)
+
+
 def _report(result) -> str:
     lines = []
     for side in ("baseline", "pd"):
@@ -350,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--log-dir", default="/tmp/workbench-plan", help="where logs would go")
     pl.set_defaults(func=cmd_plan)
     _add_compat(sub)
+    _add_releases(sub)
     args = ap.parse_args(argv)
     try:
         return args.func(args)

@@ -43,7 +43,7 @@ def per_position(results: Sequence[Result], out_dir, stem="per_position") -> lis
             xs = x - 0.4 + width * (i + 0.5)
             rates = r.pd["per_position"]
             ax.bar(xs, rates, width, yerr=_side_err(r.pd), capsize=2, label=label(r))
-            _mark_small(ax, xs, rates)
+            mark_small(ax, xs, rates)
             if r.baseline:
                 _baseline_marker(ax, xs, r.baseline["per_position"], _side_err(r.baseline), width)
         _acceptance_axes(ax, k, CI_NOTE if any(_has_ci(r) for r in results) else "")
@@ -74,10 +74,10 @@ def _side_err(side: dict | None) -> np.ndarray | None:
     result has no intervals, e.g. an older result.json)."""
     if not side:
         return None
-    return _err(side.get("per_position"), side.get("per_position_ci95"))
+    return error_bars(side.get("per_position"), side.get("per_position_ci95"))
 
 
-def _err(values, ci) -> np.ndarray | None:
+def error_bars(values, ci) -> np.ndarray | None:
     """Asymmetric yerr (2, k) from [low, high] pairs around ``values``; a None pair (an
     undefined interval) draws no whisker."""
     if not ci or values is None or len(ci) != len(values):
@@ -91,7 +91,7 @@ def _err_from(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return np.clip(err, 0, None)  # matplotlib refuses negative whiskers; NaN stays NaN
 
 
-def _mark_small(ax, xs, values) -> list:
+def mark_small(ax, xs, values) -> list:
     """Write the value on the axis for a bar too thin to see (0: "0", below SMALL: e.g.
     "0.001"), and "n/a" where there is no value (NaN), so neither looks like an empty slot."""
     texts, where = [], f"value-label-{ax.figure.axes.index(ax)}"
@@ -186,7 +186,7 @@ def split_affected(results: Sequence[Result], out_dir, stem="affected_split") ->
             for ax, values in ((ax1, acc), (ax2, agree)):
                 ax.bar(xs, values, 0.4, hatch=hatch, label=lab,
                        color="tab:red" if affected else "tab:blue")
-                _mark_small(ax, xs, values)
+                mark_small(ax, xs, values)
         for ax, yl in ((ax1, "position-0 acceptance on D"), (ax2, "token agreement")):
             ax.set_xticks(x, names, rotation=30, ha="right", fontsize=7)
             ax.set_ylabel(yl)
@@ -202,7 +202,7 @@ def token_agreement(results: Sequence[Result], out_dir, stem="token_agreement") 
         fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(results) + 2), 3.0))
         values = [r.token_agreement for r in results]
         ax.bar(range(len(results)), values, color="tab:gray")
-        _mark_small(ax, range(len(results)), values)
+        mark_small(ax, range(len(results)), values)
         ax.set_xticks(range(len(results)), [label(r) for r in results], rotation=30, ha="right",
                       fontsize=7)
         ax.set_ylim(0, 1.05)
@@ -247,7 +247,7 @@ def _load_panel(ax, rs: list[Result], name: str) -> None:
             rates = [getattr(r, side)["per_position"][i] for r in have]
             cis = [(getattr(r, side).get("per_position_ci95") or [None] * (i + 1))[i]
                    for r in have]
-            ax.errorbar([concurrency(r) for r in have], rates, yerr=_err(rates, cis),
+            ax.errorbar([concurrency(r) for r in have], rates, yerr=error_bars(rates, cis),
                         fmt=fmt, color=f"C{i}", ms=4, capsize=2, lw=1,
                         label=f"{'PD' if side == 'pd' else 'baseline'}, position {i}")
     ax.set_xscale("log", base=2)
@@ -291,7 +291,7 @@ def per_position_spread(groups: Sequence[Sequence[Result]], out_dir,
             err = _spread_err(pd_, mean, g[0].pd)
             name = label(g[0]) + (f" (n={len(g)})" if len(g) > 1 else "")
             ax.bar(xs, mean, width, yerr=err, capsize=3, label=name)
-            _mark_small(ax, xs, mean)
+            mark_small(ax, xs, mean)
             with_base = [r for r in g if r.baseline]
             if with_base:
                 base = np.array([r.baseline["per_position"] for r in with_base], dtype=float)

@@ -170,7 +170,7 @@ def test_value_labels_reach_the_svg(tmp_path, legacy):
 
 def test_mark_small_tells_zero_tiny_and_missing_apart():
     fig, ax = plt.subplots()
-    out = plots._mark_small(ax, [0, 1, 2, 3], [0.0, 0.004, np.nan, 0.5])
+    out = plots.mark_small(ax, [0, 1, 2, 3], [0.0, 0.004, np.nan, 0.5])
     assert [t.get_text() for t in out] == ["0", "0.004", "n/a"]
     assert out[2].get_style() == "italic" and out[0].get_style() == "normal"
     plt.close(fig)

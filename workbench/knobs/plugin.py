@@ -2,8 +2,9 @@
 
 vLLM calls :func:`register` in every process it starts (API server, engine core, workers).
 It does nothing unless ``WORKBENCH_KNOBS_FILE`` (or ``WORKBENCH_NIXL_PROGRESS_DELAY_US``,
-see ``nixl_progress.py``) is set. Otherwise it checks the vLLM version and installs, in
-this process:
+see ``nixl_progress.py``) is set. With ``WORKBENCH_OBSERVE_ONLY`` instead (an old release run
+natively) it installs no knob, only the release's compatibility fixes (``observe.py``), on any
+release. Otherwise it checks the vLLM version and installs, in this process:
 
 * the ``register`` hook of every knob that has one (``transfer``: restart-time patches that
   must exist before vLLM builds the KV connector);
@@ -55,10 +56,15 @@ def register() -> None:
         return
     delay_us = nixl_progress.requested_delay_us()
     knobs_on = bool(os.environ.get(spec.ENV_CONTROL_FILE))
-    if not (knobs_on or delay_us):
+    observe_dir = os.environ.get(spec.ENV_OBSERVE_ONLY)
+    if not (knobs_on or delay_us or observe_dir):
         return
     with _lock:
         if _installed:
+            return
+        if observe_dir:
+            _observe_only(observe_dir, knobs_on or delay_us)
+            _installed = True
             return
         check_version()
         if delay_us:
@@ -66,6 +72,16 @@ def register() -> None:
         if knobs_on:
             _install_knobs()
         _installed = True
+
+
+def _observe_only(report_dir: str, knobs_asked: bool) -> None:
+    if knobs_asked:
+        raise RuntimeError(f"{spec.ENV_OBSERVE_ONLY} is set, and so is {spec.ENV_CONTROL_FILE} "
+                           f"or {spec.ENV_NIXL_PROGRESS_DELAY_US}: observe-only installs no "
+                           "knob; unset one of them")
+    from . import observe
+
+    observe.install(report_dir)
 
 
 def _install_knobs() -> None:

@@ -6,9 +6,11 @@ what its bugs look like natively. This is that trial, kept so it can be rerun:
 
 * the servers are the CPU profile's (``plan.server_specs`` of ``ExperimentConfig.for_profile
   ("cpu")``: same flags, variables, cores, shipped model pair), started under the workbench's
-  reaper (``servers.VllmServer``) but with the old environment's Python, no knob control file
-  (the workbench plugin is not installed there), and without the flags the release lacks
-  (``--per-request-spec-decode-metrics`` before it existed);
+  reaper (``servers.VllmServer``) but with the old environment's Python, no knob control file,
+  the workbench plugin in its observe-only mode (``knobs/observe.py``: the release's
+  compatibility fixes and nothing else; every process's report goes into the record), and
+  without the flags the release lacks (``--per-request-spec-decode-metrics`` before it
+  existed);
 * the baseline runs alone first (the CPU profile gives it D's core), then P and D: one set of
   servers at a time on this 2-core machine;
 * requests go one at a time with a ``/metrics`` scrape before and after each (the release has
@@ -27,6 +29,7 @@ import argparse
 import asyncio
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -38,13 +41,12 @@ import httpx
 
 from .. import metrics, prompts, proxy
 from ..config import ExperimentConfig
+from ..knobs import compat_fixes, observe
 from ..measure import request_body
 from ..plan import server_specs
 from ..provenance import atomic_write_json
 from ..servers import ServerSpec, VllmServer
 
-# The fixes the release's shim loads by path (scripts/release-shim): this checkout's.
-COMPAT_FIXES = Path(__file__).with_name("compat_fixes.py")
 # Lines of a server log worth keeping in the record (the rest is start-up noise).
 LOG_KEEP = ("Error", "error", "Traceback", "WARNING", "workbench release fixes", "nixl",
             "NIXL", "Nixl", "use_host_buffer", "speculative", "Speculative", "eagle", "EAGLE",
@@ -65,16 +67,25 @@ class OldSpec(ServerSpec):
 
 def specs_for(python: str, log_dir: Path, per_request_metrics: bool,
               fixes_log: Path) -> dict[str, OldSpec]:
+    """The CPU profile's servers on ``python``, each with the plugin observe-only: its
+    processes' reports go to ``log_dir/observe-<role>/``."""
     cfg = ExperimentConfig.for_profile("cpu")
     out = {}
     for s in server_specs(cfg, log_dir):
         fields = {k: getattr(s, k) for k in s.__dataclass_fields__ if k != "auto_ports"}
+        env = {**s.extra_env, compat_fixes.ENV_LOG: str(fixes_log),
+               observe.ENV: str(log_dir / f"observe-{s.role}")}
         fields.update(python=python, per_request_metrics=per_request_metrics,
                       knobs_file=None, knobs_state_dir=None, nixl_progress_delay_us=0,
-                      extra_env={**s.extra_env, "WORKBENCH_RELEASE_FIXES_LOG": str(fixes_log),
-                                 "WORKBENCH_COMPAT_FIXES": str(COMPAT_FIXES)})
+                      extra_env=env)
         out[s.role] = OldSpec(**fields)
     return out, cfg
+
+
+def plugin_reports(log_dir: Path, roles) -> dict[str, list[dict[str, Any]]]:
+    """Per role, what the observe-only plugin applied in each of its processes."""
+    return {r: observe.reports(log_dir / f"observe-{r}") for r in roles
+            if (log_dir / f"observe-{r}").is_dir()}
 
 
 def scrape(client: httpx.Client, url: str) -> metrics.SpecCounters:
@@ -153,6 +164,8 @@ def trim_log(path: Path, out: Path) -> None:
 
 
 def start(spec: OldSpec, timeout: float = 600) -> VllmServer:
+    """Start one server (its observe-only reports of an earlier start cleared first)."""
+    shutil.rmtree(spec.extra_env[observe.ENV], ignore_errors=True)
     srv = VllmServer(spec).start()
     srv.wait_ready(timeout)
     return srv
@@ -246,16 +259,19 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     suffix = "-primed-p" if args.prime_p else ""
     logs = out / f"logs-full{suffix}"  # untrimmed: kept out of git (trimmed copies committed)
-    specs, cfg = specs_for(args.python, logs, args.per_request_metrics, out / "fixes.log")
+    base_tag = f"{args.prompt_set}{args.prompts}"
+    tag = base_tag + suffix
+    fixes_log = out / f"fixes-{tag}.log"  # each process appends: a fresh trial starts it anew
+    if args.only == "both":
+        fixes_log.unlink(missing_ok=True)
+    specs, cfg = specs_for(args.python, logs, args.per_request_metrics, fixes_log)
     ps = prompts.build(args.prompt_set, args.prompts, str(cfg.target),
                        block_size=cfg.block_size)
     body = {**request_body(cfg), "max_tokens": 64}
-    base_tag = f"{args.prompt_set}{args.prompts}"
-    tag = base_tag + suffix
     record: dict[str, Any] = {
         "vllm_version": release_of(args.python), "python": args.python,
         "prompt_set": args.prompt_set, "num_prompts": args.prompts, "request": body,
-        "prime_p": args.prime_p, "knobs": "none (plugin not installed)",
+        "prime_p": args.prime_p, "knobs": "none (the workbench plugin observe-only)",
         "commands": {r: {"argv": s.command(), "env": s.env()} for r, s in specs.items()},
     }
     client = httpx.Client()
@@ -270,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_json(out / f"pd-{tag}.json", pd)
     for role in specs:
         if (logs / f"{role}.log").is_file():  # roles this invocation started
-            trim_log(logs / f"{role}.log", out / f"{role}{suffix}.log")
+            trim_log(logs / f"{role}.log", out / f"{role}-{tag}.log")
+    record["plugin"] = plugin_reports(logs, specs)
     if base and pd:
         summarise(record, base, pd)
     atomic_write_json(out / f"trial-{tag}.json", record)

@@ -1,0 +1,54 @@
+"""The plugin's observe-only mode: vLLM as released, plus only the fixes it needs to run here.
+
+Why: issue 14 runs old releases natively, to compare each historical bug as it was with the
+knob that re-creates it on a release the knobs were written for. The knobs' patches target
+the source of :data:`release.RELEASES` only, so on any other release the plugin must patch
+nothing of the pipeline, yet an old release may need a runtime fix to start on the CPU at all
+(``compat_fixes.py``). With ``WORKBENCH_OBSERVE_ONLY`` set to a directory, ``plugin.register``
+calls :func:`install` instead of installing any knob: it installs the compatibility fixes
+that apply to the running release, and each vLLM process (API server, engine core, worker)
+writes ``observe-<pid>.json`` there, so a result can list what was applied and show that no
+workbench patch was (``_patch.PATCHED``, every patch this package installs, is empty).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..provenance import atomic_write_json
+from . import _patch, compat_fixes, spec
+from .release import RELEASES, SUPPORTED_VLLM, base_version, vllm_version
+
+ENV = spec.ENV_OBSERVE_ONLY
+
+
+def install(report_dir: str) -> dict[str, Any]:
+    """Install the running release's compatibility fixes, and write this process's report."""
+    version = vllm_version()
+    applied = compat_fixes.install(version)
+    report = {
+        "mode": "observe-only",
+        "vllm_version": version,
+        "written_for": list(SUPPORTED_VLLM),
+        "release_supported_by_knobs": base_version(version) in RELEASES,
+        "compat_fixes_for_release": [f.name for f in compat_fixes.fixes_for(version)],
+        "compat_fixes_applied": applied,
+        "workbench_patches": list(_patch.PATCHED),
+        "role": os.environ.get(spec.ENV_ROLE),
+        "pid": os.getpid(),
+        "argv": sys.argv[:3],
+    }
+    out = Path(report_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / f"observe-{os.getpid()}.json", report)
+    return report
+
+
+def reports(report_dir: Path) -> list[dict[str, Any]]:
+    """Every process's report in ``report_dir``, oldest first."""
+    files = sorted(Path(report_dir).glob("observe-*.json"), key=lambda p: p.stat().st_mtime)
+    return [json.loads(p.read_text()) for p in files]
