@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from . import paths
+from . import paths, prompt_cache
 
 # Prompt sets that need D to hold the prompt's prefix before the PD request, so that D loads only
 # the tail from P (the README's 'last block' points).
@@ -157,6 +157,22 @@ SOURCES: dict[str, PromptSource] = {
 
 def build(name: str, n: int, model_dir: str, *, seed: int = 0, block_size: int = 32,
           prompt_file: str | None = None, double_bos: bool = False) -> list[Prompt]:
+    """The prompts of a set (or a file), as token ids; from ``prompt_cache`` when the same
+    inputs were built before (no tokenizer load), else built and stored there."""
+    args = {"name": name, "n": n, "seed": seed, "block_size": block_size,
+            "prompt_file": prompt_file, "double_bos": double_bos}
+    k = prompt_cache.key(args, str(model_dir))
+    cached = prompt_cache.load(k, Prompt)
+    if cached is not None:
+        return cached
+    prompts = _build(name, n, model_dir, seed=seed, block_size=block_size,
+                     prompt_file=prompt_file, double_bos=double_bos)
+    prompt_cache.store(k, prompts)
+    return prompts
+
+
+def _build(name: str, n: int, model_dir: str, *, seed: int, block_size: int,
+           prompt_file: str | None, double_bos: bool) -> list[Prompt]:
     tok = load_tokenizer(str(model_dir))
     if prompt_file is not None:
         prompts = from_file(prompt_file, n, tok)
