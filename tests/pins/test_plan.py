@@ -8,6 +8,10 @@ import sys
 
 import pytest
 
+from workbench import experiment, profiles
+from workbench.config import ExperimentConfig
+from workbench.plan import server_specs
+
 
 def vllm_parser():
     """vLLM's own server parser (``make_arg_parser``: ``vllm.entrypoints.launchers.cli_args``
@@ -91,3 +95,18 @@ def test_gpu_results_get_pass_fail_against_vllms_reference_no_gpu():
     assert row["pd_rel_err_acceptance_length"] == pytest.approx(-0.02 / 2.60)
     cpu = Result(**{**r.to_dict(), "config": {"profile": "cpu"}}).summary_row()
     assert "baseline_vs_expected" not in cpu  # no reference figures for the CPU models
+
+
+@pytest.mark.parametrize("profile", sorted(profiles.PROFILES))
+def test_the_client_drops_idle_connections_before_vllm_closes_them(profile, tmp_path):
+    """vLLM's HTTP server closes an idle connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+    (vllm/envs.py); a client that reuses it at that edge gets httpx.ReadError. The
+    workbench's client must let go first, with the server's value as every profile sets it."""
+    import vllm.envs
+
+    specs = server_specs(ExperimentConfig.for_profile(profile, require_models=False), tmp_path)
+    for s in specs:
+        server = float(s.env().get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE",
+                                   vllm.envs.environment_variables[
+                                       "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]()))
+        assert server > experiment.CLIENT_KEEPALIVE_S, (s.role, server)

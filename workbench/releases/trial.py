@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import math
 import shutil
@@ -270,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     body = {**request_body(cfg), "max_tokens": 64}
     record: dict[str, Any] = {
         "vllm_version": release_of(args.python), "python": args.python,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "prompt_set": args.prompt_set, "num_prompts": args.prompts, "request": body,
         "prime_p": args.prime_p, "knobs": "none (the workbench plugin observe-only)",
         "commands": {r: {"argv": s.command(), "env": s.env()} for r, s in specs.items()},
