@@ -63,6 +63,13 @@ def ratio_ci(drafts: np.ndarray, accepted: np.ndarray, *, seed: int = 0,
                      n_resamples=n_resamples)
 
 
+def mean_ci(values: np.ndarray, *, seed: int = 0) -> Interval:
+    """95% interval of the mean of one value per request (token agreement: 0 or 1 each), by
+    the same resampling of whole requests; None where undefined."""
+    v = np.asarray(values, dtype=float).reshape(-1)
+    return _pair(ratio_ci(np.ones(len(v)), v, seed=seed)[0])
+
+
 def side_intervals(drafts: np.ndarray, accepted_per_pos: np.ndarray, num_accepted: np.ndarray,
                    *, seed: int = 0) -> dict[str, list[Interval] | Interval]:
     """95% intervals for one side of a run (PD or the baseline), from its request rows.

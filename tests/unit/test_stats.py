@@ -171,3 +171,12 @@ def test_shapes_are_checked():
         stats.ratio_ci([1, 2, 3], [[1], [1]])
     with pytest.raises(ValueError):
         stats.paired_diff([1, 2], [[1], [1]], [1, 2], [[1, 1], [1, 1]])
+
+
+def test_mean_ci_of_a_share_holds_the_share_and_is_reproducible():
+    agree = np.array([1, 0, 1, 1, 0, 1, 1, 1, 0, 1], dtype=float)
+    lo, hi = stats.mean_ci(agree, seed=3)
+    assert lo < agree.mean() < hi and lo >= 0 and hi <= 1
+    assert stats.mean_ci(agree, seed=3) == [lo, hi]
+    assert stats.mean_ci(np.ones(5)) == [1.0, 1.0]
+    assert stats.mean_ci(np.ones(1)) is None  # one request: no spread to estimate

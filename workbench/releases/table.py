@@ -129,8 +129,7 @@ def summary(s: Series, group: str, seed: int = 0) -> dict[str, Any]:
     row["acceptance_length"] = float(1 + acc.sum() / drafts.sum()) if drafts.sum() else None
     row["acceptance_length_ci95"] = ci and ci["acceptance_length_ci95"]
     row["token_agreement"] = float(agree.mean()) if len(reqs) else None
-    agree_ci = stats.ratio_ci(np.ones(len(reqs)), agree, seed=seed) if len(reqs) else None
-    row["token_agreement_ci95"] = None if agree_ci is None else stats._pair(agree_ci[0])
+    row["token_agreement_ci95"] = stats.mean_ci(agree, seed=seed) if len(reqs) else None
     return row
 
 
