@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..config import ExperimentConfig
 from ..knobs import spec as knob_spec
 from ..provenance import git_commit
 from ..results import Result, aggregate
@@ -41,9 +42,10 @@ def request_rows(base: list[dict], pd: list[dict]) -> list[dict[str, Any]]:
 
 def build(trial: dict[str, Any], base: list[dict], pd: list[dict], command: str) -> Result:
     """The Result of one native trial (its record, baseline rows and PD rows)."""
+    cpu = ExperimentConfig.for_profile("cpu")  # the servers' shape, as trial.specs_for
     r = Result(
         config={"prompt_set": trial["prompt_set"], "num_prompts": trial["num_prompts"],
-                "request": trial["request"], "k_p": 1, "k_d": 3, "concurrency": 1,
+                "request": trial["request"], "k_p": cpu.k_p, "k_d": cpu.k_d, "concurrency": 1,
                 "python": trial["python"], "servers": trial["commands"]},
         command=command, vllm_version=trial["vllm_version"], git_commit=git_commit(),
         created=trial.get("created", ""), prompt_set=trial["prompt_set"],

@@ -31,7 +31,7 @@ What is checked, and why each check exists:
   accepting a speculative config (older ones assert it is None), the EAGLE3 draft model class,
   and whether the CPU's native rejection-sampler kernel accepts every keyword the release's own
   rejection sampler passes (a mismatch stops the server at its sampler warm-up: see
-  ``compat_fixes``).
+  ``workbench/knobs/compat_fixes.py``).
 * ``flag`` / ``env`` / ``metric`` / ``field``: the CPU profile's server flags and ``VLLM_*``
   variables, the Prometheus names ``workbench/metrics.py`` reads (the per-position counter
   among them) and the per-request spec-decode field: the same checks ``compat`` runs
