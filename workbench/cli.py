@@ -303,7 +303,7 @@ def cmd_releases(args: argparse.Namespace) -> int:
     """Old releases natively beside the knobs (``workbench/releases/run.py``)."""
     from .releases import run
 
-    return run.execute(args, "python -m workbench releases " + " ".join(sys.argv[2:]))
+    return run.execute(args, " ".join([run.COMMAND, *sys.argv[2:]]))
 
 
 def _add_releases(sub) -> None:

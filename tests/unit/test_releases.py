@@ -13,7 +13,7 @@ from PIL import Image
 
 from workbench.compat.source import installed_source
 from workbench.config import ConfigError
-from workbench.knobs.release import base_version, vllm_version
+from workbench.knobs.release import base_version, version_key, vllm_version
 from workbench.paths import DATA
 from workbench.releases import compare, native_result, run, survey, table
 
@@ -43,7 +43,7 @@ def test_the_committed_survey_names_the_native_candidates(records):
     lookahead block to hand over for a new prompt only from 0.23.0, spec decode on the CPU starts
     with 0.20.0, so no release runs EAGLE3 on the CPU with the eager finalize."""
     unclipped = {v for v, r in records.items() if r["handoff"] == "unclipped"}
-    assert max(unclipped, key=survey._vkey) == "0.24.0"
+    assert max(unclipped, key=version_key) == "0.24.0"
     native = {v for v in unclipped if records[v]["p_lookahead_new_prompt"]}
     assert native == {"0.23.0", "0.24.0"}
     eager_and_eagle3 = [v for v, r in records.items()

@@ -27,15 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .release import vllm_version
+from .release import version_key, vllm_version
 
 ENV_LOG = "WORKBENCH_RELEASE_FIXES_LOG"  # optional file each process appends its report to
-
-
-def _key(version: str) -> tuple[int, ...]:
-    """``0.24.0+cpu`` -> ``(0, 24, 0)`` (post releases sort with their base)."""
-    base = version.split("+", 1)[0]
-    return tuple(int(p) for p in base.split(".")[:3] if p.isdigit())
 
 
 @dataclass(frozen=True)
@@ -54,7 +48,7 @@ class Fix:
     install: Callable[[], bool]
 
     def applies(self, version: str) -> bool:
-        return _key(self.first) <= _key(version) <= _key(self.last)
+        return version_key(self.first) <= version_key(version) <= version_key(self.last)
 
 
 # ------------------------------------------------------------ cpu_recovered_kernel_kwarg --
@@ -202,14 +196,6 @@ FIXES: tuple[Fix, ...] = (
 def fixes_for(version: str) -> list[Fix]:
     """The fixes of :data:`FIXES` whose release range holds ``version``."""
     return [f for f in FIXES if f.applies(version)]
-
-
-def table() -> dict[str, list[str]]:
-    """Release range -> fix names (for records and the README)."""
-    out: dict[str, list[str]] = {}
-    for f in FIXES:
-        out.setdefault(f"{f.first}..{f.last}", []).append(f.name)
-    return out
 
 
 def _report(line: str) -> None:

@@ -113,6 +113,12 @@ def base_version(version: str) -> str:
     return version.split("+", 1)[0]
 
 
+def version_key(version: str) -> tuple[int, ...]:
+    """``0.24.0+cpu`` -> ``(0, 24, 0)``: releases in release order (a local build sorts with
+    its base release)."""
+    return tuple(int(p) for p in base_version(version).split(".") if p.isdigit())
+
+
 def check_version(version: str | None = None) -> str:
     """Return the vLLM version; raise RuntimeError if the plugin was not written for it."""
     v = version if version is not None else vllm_version()

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..config import ConfigError
-from ..knobs.release import base_version, vllm_version
+from ..knobs.release import base_version, version_key, vllm_version
 from ..paths import REPO
 from ..provenance import atomic_write_text, git_commit
 from . import compare, figure, native_result, survey, table, trial
@@ -34,6 +34,7 @@ DEFAULT_RELEASES = ("0.24.0",)
 DEFAULT_PROMPT_SET, DEFAULT_PROMPTS = "badcase", 32  # half the requests in the bad case
 BUILD = REPO / "scripts" / "build-release-env.sh"
 VENVS = REPO / ".venvs"
+COMMAND = "python -m workbench releases"  # what results.csv and the figures record
 
 
 def check_releases(versions: list[str], records: dict[str, dict]) -> list[str]:
@@ -47,7 +48,7 @@ def check_releases(versions: list[str], records: dict[str, dict]) -> list[str]:
             print(f"vLLM {v} is installed: its runs are the knob settings", flush=True)
         elif rec is None:
             raise ConfigError(f"--vllm {v}: not in data/releases/survey.json (surveyed: "
-                              f"{', '.join(sorted(records, key=survey._vkey))}); run "
+                              f"{', '.join(sorted(records, key=version_key))}); run "
                               f"`python -m workbench.releases.survey --vllm {v}` first")
         elif not (rec["cpu_spec_decode"] and rec["nixl_cpu_buffer"]):
             raise ConfigError(f"--vllm {v}: cannot run the CPU PD + EAGLE3 pipeline (spec "
@@ -69,15 +70,15 @@ def env_python(version: str) -> Path:
 
 def native(version: str, prompt_set: str, n: int, out: Path, per_request: bool) -> Path:
     """The native run of ``version``: trial, then its ``result.json`` (kept if there)."""
-    run_dir = out / version
-    done = run_dir / f"{prompt_set}{n}" / "result.json"
+    run_dir, tag = out / version, f"{prompt_set}{n}"
+    done = run_dir / tag / "result.json"
     if done.is_file():
         print(f"{done} exists: the native run is not repeated (delete it to rerun)", flush=True)
         return done
     argv = ["--python", str(env_python(version)), "--out", str(run_dir),
             "--prompt-set", prompt_set, "--prompts", str(n)]
     trial.main(argv + (["--per-request-metrics"] if per_request else []))
-    return native_result.write(run_dir, f"{prompt_set}{n}")
+    return native_result.write(run_dir, tag)
 
 
 def native_runs(out: Path) -> list[tuple[str, str]]:
@@ -104,7 +105,7 @@ def aggregate(out: Path, command: str) -> pd.DataFrame:
 
 
 def parser(add_help: bool = True) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m workbench releases", add_help=add_help,
+    ap = argparse.ArgumentParser(prog=COMMAND, add_help=add_help,
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm", default=",".join(DEFAULT_RELEASES),
                     help="comma-separated releases (default: %(default)s)")
@@ -136,7 +137,7 @@ def execute(args: argparse.Namespace, command: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    return execute(parser().parse_args(argv), "python -m workbench releases " + " ".join(argv))
+    return execute(parser().parse_args(argv), " ".join([COMMAND, *argv]))
 
 
 if __name__ == "__main__":

