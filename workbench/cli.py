@@ -145,7 +145,7 @@ def check_before_start(cfg: ExperimentConfig) -> None:
     """What the session checks again right before its servers start, checked here first so a
     CLI user hears in a second, not after prompts and tokenizer are loaded: the installed
     vLLM release, and the ports asked for."""
-    from .experiment import check_vllm_release
+    from .server_set import check_vllm_release
     from .servers import check_port_free
 
     check_vllm_release()

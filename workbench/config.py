@@ -118,10 +118,12 @@ class ExperimentConfig:
         """The servers this config needs, in start order."""
         return (["p", "d"] if self.run_pd else []) + (["baseline"] if self.run_baseline else [])
 
-    def server_key(self) -> tuple[Any, ...]:
-        restart = tuple(self.knobs[n] for n in knob_spec.restart_knobs())
-        ports = tuple(sorted(self.ports.items()))
-        return tuple(getattr(self, f) for f in self.SERVER_FIELDS) + restart + ports
+    def server_key(self, role: str) -> tuple[Any, ...]:
+        """What, when different, needs another server for ``role``: the server fields, the
+        restart-time knobs that act on the role (``KnobSpec.roles``) and the role's port."""
+        restart = tuple(self.knobs[n] for n in knob_spec.restart_knobs()
+                        if role in knob_spec.KNOBS[n].roles)
+        return (*(getattr(self, f) for f in self.SERVER_FIELDS), *restart, self.ports.get(role))
 
     @classmethod
     def for_profile(cls, profile: str, **overrides: Any) -> ExperimentConfig:

@@ -18,26 +18,33 @@ from typing import Any
 
 import httpx
 
-from . import channels, kv_compare, models, plan, profiles, rundir
+from . import channels, kv_compare, models, profiles, rundir
 from . import prompts as prompt_sets
 from .baseline_cache import BaselineCache
 from .config import ConfigError, ExperimentConfig, exposure_notes
-from .knobs import release
 from .knobs.kv_probe import prompt_key
 from .knobs.notes import knob_notes
 from .knobs.release import base_version, vllm_version
 from .measure import Progress, Requests, measure, run_coro
 from .provenance import git_commit
 from .results import Result, aggregate, runner_in_force
-from .servers import RemoteServer, start_all
+from .server_set import ServerSet
+from .servers import RemoteServer
 
 FLUSH_WAIT_S = 0.5  # the plugin flushes its event counters every 0.2 s
-# How long the client keeps an idle connection to a server for reuse. vLLM's uvicorn closes an
-# idle connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s, vllm/envs.py), and httpx's own
-# default is also 5 s: a connection reused at that edge is closed under the request, which
-# fails with httpx.ReadError. Measured on warm servers (32 lastblock prompts, 32 in flight,
-# blocks=poisoned): 2 of 6 runs failed so with httpx's default, 0 of 8 with 2 s.
-CLIENT_KEEPALIVE_S = 2.0
+
+
+def client_limits(concurrency: int) -> httpx.Limits:
+    """The measurement client's connections: enough for both sides at ``concurrency``, and
+    none kept idle for reuse. vLLM's uvicorn closes an idle connection after
+    VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s, vllm/envs.py); a connection the client reuses at that
+    edge is closed under the request, which fails with httpx.ReadError. A 2 s client expiry
+    made it rarer (2 of 6 runs failed with httpx's 5 s, 0 of 8 with 2 s: 32 lastblock
+    prompts, 32 in flight), not impossible: the edge is between the server writing a
+    response and the client reading it, and a busy client reads late (one such failure at
+    32 in flight while other servers started). A fresh loopback connection per request
+    costs well under a millisecond and has no edge to race."""
+    return httpx.Limits(max_connections=2 * concurrency + 4, max_keepalive_connections=0)
 
 
 class Session:
@@ -59,11 +66,9 @@ class Session:
         # Private and locked: its control and state files are what results report as read back.
         self.log_dir = rundir.private_dir(log_dir).resolve()
         self._lock = rundir.DirLock(self.log_dir, "a Session's servers and knob channel")
-        self.channel = channel or channels.FileChannel.in_dir(self.log_dir)
+        self.fleet = ServerSet(self.log_dir, channel or channels.FileChannel.in_dir(self.log_dir),
+                               dev_mode)
         self.attached = False
-        self.servers: dict[str, Any] = {}
-        self.key: tuple | None = None
-        self.startup_seconds: dict[str, float] = {}
         self.failed = False  # a run failed: close() keeps a temporary log directory
         # The baseline does not depend on PD knobs: a sweep measures it once per prompt set.
         self.baseline_cache = Path(baseline_cache).resolve() if baseline_cache else None
@@ -80,7 +85,7 @@ class Session:
             raise ConfigError(f"attach: unknown roles {sorted(unknown)}; allowed: p, d, baseline")
         channel = channels.for_attach(urls, knobs_file, state_dir, knobs_over_http)
         s = cls(log_dir, baseline_cache=baseline_cache, channel=channel)
-        s.servers = {role: RemoteServer(role, url) for role, url in urls.items()}
+        s.fleet.servers = {role: RemoteServer(role, url) for role, url in urls.items()}
         s.attached = True
         return s
 
@@ -94,7 +99,19 @@ class Session:
         return cls.attach(attach["urls"], knobs_file=attach.get("knobs_file"),
                           state_dir=attach.get("state_dir"), **kw)
 
-    # --- what the channel knows ------------------------------------------------------------
+    # --- the servers and their knob channel (server_set.ServerSet) ------------------------
+    @property
+    def servers(self) -> dict[str, Any]:
+        return self.fleet.servers
+
+    @property
+    def channel(self) -> channels.KnobChannel:
+        return self.fleet.channel
+
+    @property
+    def startup_seconds(self) -> dict[str, float]:
+        return self.fleet.startup_seconds
+
     @property
     def knobs_file(self) -> Path | None:
         return getattr(self.channel, "knobs_file", None)
@@ -111,42 +128,24 @@ class Session:
     def knobs_channel_problem(self) -> str | None:
         return getattr(self.channel, "problem", None)
 
-    # --- servers -------------------------------------------------------------------------
     def needs_start(self, cfg: ExperimentConfig) -> bool:
-        """Whether running ``cfg`` will start (or restart) servers first."""
-        if self.attached:
-            return False
-        key = cfg.server_key() + (cfg.run_pd, cfg.run_baseline)
-        return key != self.key or not all(s.alive() for s in self.servers.values())
+        """Whether running ``cfg`` will start (or restart, or stop) servers first."""
+        return not self.attached and self.fleet.needs_start(cfg)
 
     def ensure(self, cfg: ExperimentConfig) -> None:
-        """Start the servers this config needs, restarting only if their shape changed."""
-        if self.attached:
-            missing = [r for r in cfg.roles() if r not in self.servers]
-            if missing:
-                raise ConfigError(f"attach mode: no URL given for role(s) {missing}")
-            for r in cfg.roles():
-                self.servers[r].wait_ready(30)
+        """Start the servers this config needs; a server whose shape did not change keeps
+        running (``ServerSet.ensure``)."""
+        if not self.attached:
+            self.fleet.ensure(cfg)
             return
-        if not self.needs_start(cfg):
-            return
-        self.stop()
-        if self.knobs_file is not None:
-            check_vllm_release()
-        specs = plan.server_specs(cfg, self.log_dir, knobs_file=self.knobs_file,
-                                  state_dir=self.state_dir, dev_mode=self.dev_mode)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.channel.prepare(cfg)
-        servers = start_all(specs, cfg.startup_timeout_s)
-        self.servers = {s.spec.role: s for s in servers}
-        self.startup_seconds = {s.spec.role: s.ready_seconds for s in servers}
-        self.key = cfg.server_key() + (cfg.run_pd, cfg.run_baseline)
+        missing = [r for r in cfg.roles() if r not in self.servers]
+        if missing:
+            raise ConfigError(f"attach mode: no URL given for role(s) {missing}")
+        for r in cfg.roles():
+            self.servers[r].wait_ready(30)
 
     def stop(self) -> None:
-        for s in self.servers.values():
-            s.stop()
-        self.servers = {}
-        self.key = None
+        self.fleet.stop()
 
     def close(self) -> None:
         self.stop()
@@ -207,9 +206,8 @@ class Session:
         result.measurement = {"concurrency": cfg.concurrency, "sides": {}}
 
         async def requests() -> None:
-            limits = httpx.Limits(max_connections=2 * cfg.concurrency + 4,
-                                  keepalive_expiry=CLIENT_KEEPALIVE_S)
-            async with httpx.AsyncClient(timeout=cfg.request_timeout_s, limits=limits) as client:
+            async with httpx.AsyncClient(timeout=cfg.request_timeout_s,
+                                         limits=client_limits(cfg.concurrency)) as client:
                 req = Requests(client, {r: s.url for r, s in self.servers.items()}, cfg,
                                f"wb{self.channel.version}", progress,
                                phases=result.measurement["sides"])
@@ -298,16 +296,6 @@ def reset_notes(states: dict[str, Any]) -> list[str]:
                   "events", {}).get("prefix_cache_reset") is False]
     return [f"prefix cache NOT reset on {', '.join(failed)} before this run (requests still "
             "held blocks): it may read KV cached by an earlier run"] if failed else []
-
-
-def check_vllm_release() -> None:
-    """Refuse a vLLM the plugin was not written for before any server starts: inside the
-    servers the plugin's own refusal (``release.check_version``) comes only after all three
-    have spent their start-up loading weights."""
-    try:
-        release.check_version()
-    except RuntimeError as e:
-        raise ConfigError(str(e)) from None
 
 
 def _row(p: prompt_sets.Prompt, cfg: ExperimentConfig) -> dict[str, Any]:

@@ -28,8 +28,9 @@ def kv_buffer_device(cfg: ExperimentConfig) -> str:
 
 def server_specs(cfg: ExperimentConfig, log_dir: str | Path, *,
                  knobs_file: Path | None = None, state_dir: Path | None = None,
-                 dev_mode: bool = False) -> list[ServerSpec]:
-    """One spec per role ``cfg`` runs (checks ports the user asked for before anything starts)."""
+                 dev_mode: bool = False, roles: list[str] | None = None) -> list[ServerSpec]:
+    """One spec per role ``cfg`` runs, or per role of ``roles`` (checks ports the user asked
+    for before anything starts)."""
     prof = profiles.get(cfg.profile)
     common = dict(
         target=cfg.target, drafter=cfg.drafter, log_dir=Path(log_dir),
@@ -37,7 +38,6 @@ def server_specs(cfg: ExperimentConfig, log_dir: str | Path, *,
         max_model_len=cfg.max_model_len, host=cfg.host, device=prof.device, dtype=prof.dtype,
         seed=cfg.seed, enforce_eager=cfg.enforce_eager_in_force(), knobs_file=knobs_file,
         knobs_state_dir=state_dir, kv_buffer_device=kv_buffer_device(cfg),
-        restart_knobs={n: cfg.knobs[n] for n in knob_spec.restart_knobs()},
         nixl_progress_delay_us=prof.nixl_progress_delay_us, hf_offline=prof.hf_offline,
         draft_max_model_len=cfg.max_model_len if prof.speculative_max_model_len else None,
         extra_args=list(prof.server_args), extra_env=dict(prof.server_env), dev_mode=dev_mode,
@@ -46,6 +46,12 @@ def server_specs(cfg: ExperimentConfig, log_dir: str | Path, *,
         ServerSpec(role=r, num_speculative_tokens=getattr(cfg, ROLE_SHAPE[r][0]),
                    kv_role=ROLE_SHAPE[r][1], cpus=prof.cpus.get(r), gpus=prof.gpus.get(r),
                    gpu_memory_utilization=prof.gpu_memory_utilization.get(r),
-                   port=cfg.ports.get(r), **common)
-        for r in cfg.roles()
+                   port=cfg.ports.get(r), restart_knobs=restart_knobs(cfg, r), **common)
+        for r in (cfg.roles() if roles is None else roles)
     ]
+
+
+def restart_knobs(cfg: ExperimentConfig, role: str) -> dict[str, str]:
+    """The restart-time knobs that act on ``role`` (the others keep their defaults there, so
+    changing one restarts only the servers it acts on)."""
+    return {n: cfg.knobs[n] for n in knob_spec.restart_knobs() if role in knob_spec.KNOBS[n].roles}

@@ -22,12 +22,15 @@ import pandas as pd
 
 from . import modelfiles, paths, rundir
 from .config import ConfigError, ExperimentConfig
+from .kernels import KernelStarter
 from .knobs import spec as knob_spec
 from .knobs.release import vllm_version
 from .provenance import atomic_write_json
 from .results import Result
 
 if TYPE_CHECKING:
+    from jupyter_client.manager import AsyncKernelManager
+
     from .experiment import Session
 
 SWEEP_NOTEBOOK = paths.REPO / "notebooks" / "sweep.ipynb"
@@ -223,8 +226,10 @@ def is_complete(point_dir: Path, record: dict) -> bool:
         "pass --restart to rerun the sweep's points here, or another --out")
 
 
-def execute_point(cfg: ExperimentConfig, attach: dict, point_dir: Path, record: Path) -> None:
-    """Run one grid point as a papermill execution of the sweep notebook (attached)."""
+def execute_point(cfg: ExperimentConfig, attach: dict, point_dir: Path, record: Path,
+                  km: AsyncKernelManager | None = None) -> None:
+    """Run one grid point as a papermill execution of the sweep notebook (attached), on the
+    kernel ``km`` when given (``kernels.KernelStarter``; it is left running)."""
     import papermill as pm
 
     point_dir.mkdir(parents=True, exist_ok=True)
@@ -232,7 +237,7 @@ def execute_point(cfg: ExperimentConfig, attach: dict, point_dir: Path, record: 
         str(SWEEP_NOTEBOOK), str(record),
         parameters={"config": cfg.to_dict(), "attach": attach, "out_dir": str(point_dir),
                     "grid": ""},
-        kernel_name="python3", progress_bar=False, cwd=str(SWEEP_NOTEBOOK.parent),
+        kernel_name="python3", progress_bar=False, cwd=str(SWEEP_NOTEBOOK.parent), km=km,
     )
 
 
@@ -280,7 +285,9 @@ def _sweep(points: list[Point], out: Path, base: ExperimentConfig, use_papermill
     owned = session is None
     if owned:
         session = Session(out / "logs", baseline_cache=out / "baseline-cache")
-    with session if owned else contextlib.nullcontext(session):
+    starter = KernelStarter(SWEEP_NOTEBOOK.parent) if use_papermill else None
+    with (session if owned else contextlib.nullcontext(session),
+          contextlib.closing(starter) if starter else contextlib.nullcontext()):
         for pt in points:
             if pt not in todo:
                 if on_point:
@@ -290,33 +297,42 @@ def _sweep(points: list[Point], out: Path, base: ExperimentConfig, use_papermill
                 on_point(pt, "running")
             point_dir = out / "points" / pt.slug
             (point_dir / POINT_RECORD).unlink(missing_ok=True)
-            _run_one(session, configs[pt.slug], out, pt.slug, use_papermill, timing)
+            more = pt is not todo[-1]
+            _run_one(session, configs[pt.slug], out, pt.slug, starter, more, timing)
             if (_read(point_dir / "result.json") or {}).get("complete"):
                 atomic_write_json(point_dir / POINT_RECORD, records[pt.slug], indent=2)
-        timing["startup_seconds"] = session.startup_seconds
+        timing["startup_seconds"] = dict(session.startup_seconds)  # stop() clears them
     timing["wall_seconds"] = time.time() - timing["started"]
     atomic_write_json(out / "sweep-timing.json", timing, indent=2, sort_keys=False)
     return aggregate(out, [pt.slug for pt in points])
 
 
 def _run_one(session: Session, cfg: ExperimentConfig, out: Path, slug: str,
-             use_papermill: bool, timing: dict) -> None:
+             starter: KernelStarter | None, more: bool, timing: dict) -> None:
     """One point: as a papermill execution of the sweep notebook attached to the session's
-    servers (started or restarted first if the point's shape needs it), or in this process."""
+    servers (started or restarted first if the point's shape needs it), on a kernel from
+    ``starter`` (which starts the next point's kernel when ``more`` points follow); or in
+    this process when ``starter`` is None."""
     point_dir = out / "points" / slug
     t0 = time.monotonic()
-    if not use_papermill:
-        session.run(cfg, out_dir=point_dir)
-        timing["points"][slug] = time.monotonic() - t0
-        return
     if session.needs_start(cfg):
         session.ensure(cfg)
         timing["start_seconds"].append(time.monotonic() - t0)
         t0 = time.monotonic()
+    if starter is None:
+        session.run(cfg, out_dir=point_dir)
+        timing["points"][slug] = time.monotonic() - t0
+        return
     attach = {"urls": {r: s.url for r, s in session.servers.items()},
               "knobs_file": str(session.knobs_file), "state_dir": str(session.state_dir),
               "baseline_cache": str(session.baseline_cache or out / "baseline-cache")}
-    execute_point(cfg, attach, point_dir, out / "points" / f"{slug}.ipynb")
+    km = starter.take()
+    if more:
+        starter.launch_next()
+    try:
+        execute_point(cfg, attach, point_dir, out / "points" / f"{slug}.ipynb", km)
+    finally:
+        starter.stop(km)
     timing["points"][slug] = time.monotonic() - t0
 
 

@@ -10,7 +10,7 @@ import statistics
 from dataclasses import replace
 
 import pytest
-from conftest import tree_pids
+from conftest import alive, tree_pids
 
 pytestmark = pytest.mark.vllm
 
@@ -113,29 +113,49 @@ def test_warmup_dirty_source_writes_nothing_and_says_what_blocks_held(pd_session
     pd_session.run(knobs(cfg, blocks="as-is", dirty_source="noise"))  # back to defaults
 
 
+STAGED = {"deferred-dirty": {"finalize": "deferred", "blocks": "dirty"},
+          "eager-dirty": {"finalize": "eager", "blocks": "dirty"},
+          "eager-zeroed": {"finalize": "eager", "blocks": "zeroed"}}
+
+
 @pytest.fixture(scope="module")
-def staged(pd_session, base_cfg):
+def staged_restart(pd_session, base_cfg):
     """transfer=host-staged needs a restart (the staging buffer is registered with NIXL at
-    start-up); run its three settings on one restarted server set. One request at a time:
-    these tests pin the mechanism in the order vLLM ran it; under load the eager setting's
-    damage also depends on the other requests in flight (README, "How a run is measured")."""
+    start-up) of P and D, the servers it acts on; run its three settings on them. One
+    request at a time: these tests pin the mechanism in the order vLLM ran it; under load
+    the eager setting's damage also depends on the other requests in flight (README, "How a
+    run is measured")."""
     cfg = knobs(replace(base_cfg, num_prompts=12, max_tokens=32, concurrency=1, kv_probe=True),
                 transfer="host-staged")
-    runs = {
-        name: pd_session.run(knobs(cfg, **kv))
-        for name, kv in {
-            "deferred-dirty": {"finalize": "deferred", "blocks": "dirty"},
-            "eager-dirty": {"finalize": "eager", "blocks": "dirty"},
-            "eager-zeroed": {"finalize": "eager", "blocks": "zeroed"},
-        }.items()
-    }
-    return runs
+    pd_session.ensure(base_cfg)  # the direct servers the other tests ran on
+    before = {r: (s, tree_pids(s)) for r, s in pd_session.servers.items()}
+    return before, {name: pd_session.run(knobs(cfg, **kv)) for name, kv in STAGED.items()}
+
+
+@pytest.fixture(scope="module")
+def staged(staged_restart):
+    return staged_restart[1]
 
 
 @pytest.mark.restart
 def test_host_staged_transfer_is_in_force(staged):
     for r in staged.values():
         assert r.knobs["p"]["transfer"] == r.knobs["d"]["transfer"] == "host-staged"
+        assert r.knobs["baseline"]["transfer"] == "direct"  # no connector there
+
+
+@pytest.mark.restart
+def test_transfer_change_restarts_p_and_d_only(staged_restart, pd_session):
+    """transfer acts on P and D (``KnobSpec.roles``): its change restarted them and kept the
+    baseline's process tree, which has no KV connector to stage through; the old P and D
+    are gone."""
+    before = staged_restart[0]
+    now = {r: (s, tree_pids(s)) for r, s in pd_session.servers.items()}
+    assert now["baseline"][0] is before["baseline"][0]
+    assert now["baseline"][1] == before["baseline"][1]
+    for role in ("p", "d"):
+        assert now[role][0] is not before[role][0] and not now[role][1] & before[role][1]
+        assert not alive(before[role][1]), f"the old {role} server is left running"
 
 
 @pytest.mark.restart

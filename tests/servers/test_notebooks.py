@@ -16,6 +16,7 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import papermill as pm
+import psutil
 import pytest
 
 from workbench import paths
@@ -154,6 +155,19 @@ def test_explorer_runs_headless_through_run_once(attach, small_cfg, tmp_path):
     assert outputs_of(nb, "text/html"), "the table was not shown"
 
 
+def kernels_left() -> list[str]:
+    """Jupyter kernels this process started that still run."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+            if "ipykernel_launcher" in cmd and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(cmd)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 def test_sweep_resumes_after_interrupt_and_aggregates(pd_session, small_cfg, tmp_path,
                                                       monkeypatch):
     # The sweep runs on the shared servers (``make figures`` starts its own; same code path
@@ -174,6 +188,9 @@ def test_sweep_resumes_after_interrupt_and_aggregates(pd_session, small_cfg, tmp
     with pytest.raises(KeyboardInterrupt):
         run_sweep(points, out, small_cfg, on_point=interrupt_second, session=pd_session)
     assert all(server.alive() for server in pd_session.servers.values())
+    # The second point's kernel, started while the first ran (kernels.KernelStarter), is
+    # stopped with the sweep, as is the first's.
+    assert not kernels_left(), kernels_left()
     first = out / "points" / "fixed" / "result.json"
     assert load_result(first)["knobs"]["d"]["finalize"] == "deferred"
     assert not (out / "points" / "eager-finalize" / "result.json").exists()

@@ -163,13 +163,13 @@ def test_plugin_accepts_both_releases(monkeypatch, tmp_path, version):
 
 
 def test_session_refuses_an_unknown_release_before_any_server_starts(monkeypatch, tmp_path):
-    from workbench import experiment
+    from workbench import experiment, server_set
     from workbench.config import ConfigError, ExperimentConfig
     from workbench.knobs import release
 
     monkeypatch.setattr(release, "vllm_version", lambda: "0.34.0")
     started = []
-    monkeypatch.setattr(experiment, "start_all", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(server_set, "start_all", lambda *a, **k: started.append(a))
     with experiment.Session(tmp_path) as s, pytest.raises(ConfigError, match="0.34.0"):
         s.ensure(ExperimentConfig())
     assert started == []

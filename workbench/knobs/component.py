@@ -62,7 +62,9 @@ def effective_knobs(role: str, requested: dict[str, str]) -> tuple[dict[str, str
 
 
 def restart_gaps(requested: dict[str, str]) -> dict[str, str]:
-    """Restart-time knobs the control file asks to change: they come from the environment."""
+    """Restart-time knobs the control file asks to change: they come from the environment.
+    ``requested`` is what acts on this role (``effective_knobs``): a knob that does not act
+    here needs no restart of this server."""
     gaps = {}
     for name, k in spec.KNOBS.items():
         running = os.environ.get(k.env, k.default) if k.env else None
@@ -201,7 +203,7 @@ class Component(Events):
         with self.lock:
             self.version, self.seed, self.requested = version, seed, requested
             self.events, self.errors = {}, []
-            self.unreachable = restart_gaps(requested) if doc is not None else {}
+            self.unreachable = restart_gaps(knobs) if doc is not None else {}
         in_force = {name: self._apply_one(name, hook, knobs, role_notes.get(name))
                     for name, hook in self.hooks().items()}
         per_version = self._per_version() if doc is not None else {}

@@ -131,6 +131,7 @@ KNOBS: dict[str, KnobSpec] = {
             where="worker + engine core: NixlConnector use_host_buffer",
             hooks={"worker": _hook("transfer", "apply_worker"),
                    "engine_core": _hook("transfer", "apply_engine")},
+            roles=("p", "d"),  # the baseline has no KV connector: a change keeps it running
             restart=True, env=ENV_TRANSFER, register="workbench.knobs.transfer:install",
             why_restart="the host staging buffer is allocated and registered with NIXL "
             "when the connector is built",

@@ -1,0 +1,55 @@
+"""Which servers a config change restarts (``ServerSet.stale``), from the config's per-role
+shape (``ExperimentConfig.server_key``). No server is started here: the sets below hold
+stand-ins that only answer ``alive()``; the real restart of P and D with the baseline kept
+runs on vLLM in ``tests/servers/test_knob_effects.py``."""
+
+from __future__ import annotations
+
+from workbench import channels, plan
+from workbench.config import ExperimentConfig
+from workbench.knobs import spec as knob_spec
+from workbench.server_set import ServerSet
+
+
+class Running:
+    def __init__(self, up: bool = True) -> None:
+        self.up = up
+
+    def alive(self) -> bool:
+        return self.up
+
+
+def running_set(tmp_path, cfg: ExperimentConfig) -> ServerSet:
+    fleet = ServerSet(tmp_path, channels.FileChannel.in_dir(tmp_path))
+    fleet.servers = {r: Running() for r in cfg.roles()}
+    fleet.keys = {r: cfg.server_key(r) for r in cfg.roles()}
+    return fleet
+
+
+def test_a_transfer_change_restarts_p_and_d_and_keeps_the_baseline(tmp_path):
+    direct = ExperimentConfig()
+    staged = ExperimentConfig(knobs={"transfer": "host-staged"})
+    fleet = running_set(tmp_path, direct)
+    assert fleet.stale(staged) == ["p", "d"] and fleet.needs_start(staged)
+    # What the baseline would be started with does not change either: no transfer there.
+    env = {s.role: s.env()[knob_spec.ENV_TRANSFER] for s in plan.server_specs(staged, tmp_path)}
+    assert env == {"p": "host-staged", "d": "host-staged", "baseline": "direct"}
+
+
+def test_runtime_knobs_restart_nothing_and_a_port_restarts_its_role_only(tmp_path):
+    cfg = ExperimentConfig()
+    fleet = running_set(tmp_path, cfg)
+    eager = ExperimentConfig(knobs={"finalize": "eager", "blocks": "poisoned"})
+    assert fleet.stale(eager) == [] and not fleet.needs_start(eager)
+    assert fleet.stale(ExperimentConfig(ports={"d": 18555})) == ["d"]
+    assert fleet.stale(ExperimentConfig(k_d=2)) == ["p", "d", "baseline"]
+
+
+def test_a_dead_server_is_restarted_and_a_role_no_longer_needed_is_stopped(tmp_path):
+    cfg = ExperimentConfig()
+    fleet = running_set(tmp_path, cfg)
+    fleet.servers["p"] = Running(up=False)
+    assert fleet.stale(cfg) == ["p"]
+    fleet.servers["p"] = Running()
+    pd_only = ExperimentConfig(run_baseline=False)
+    assert fleet.stale(pd_only) == [] and fleet.needs_start(pd_only)  # the baseline goes

@@ -1,0 +1,83 @@
+"""The servers a ``Session`` owns: one per role, each restarted only when its own shape
+changes.
+
+Shape: ``ExperimentConfig.server_key(role)``, the server fields, the restart-time knobs that
+act on the role and its port. So a change of ``transfer`` (P and D only) keeps the baseline:
+on the 2-core CPU box the default sweep's restart for its host-staged points took 49 s for P
+and D, against 79-87 s for all three (``benchmarks/sweep_time.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import channels, plan
+from .config import ConfigError, ExperimentConfig
+from .knobs import release
+from .servers import VllmServer, start_all
+
+
+def check_vllm_release() -> None:
+    """Refuse a vLLM the plugin was not written for before any server starts: inside the
+    servers the plugin's own refusal (``release.check_version``) comes only after all three
+    have spent their start-up loading weights."""
+    try:
+        release.check_version()
+    except RuntimeError as e:
+        raise ConfigError(str(e)) from None
+
+
+class ServerSet:
+    """One server per role, their shapes, start-up times and the knob channel they read."""
+
+    def __init__(self, log_dir: Path, channel: channels.KnobChannel, dev_mode: bool = False):
+        self.log_dir, self.channel, self.dev_mode = log_dir, channel, dev_mode
+        self.servers: dict = {}  # role -> VllmServer (RemoteServer when attached)
+        self.keys: dict[str, tuple] = {}  # role -> the server_key its server runs
+        self.startup_seconds: dict[str, float] = {}
+
+    def stale(self, cfg: ExperimentConfig) -> list[str]:
+        """The roles of ``cfg`` whose server is missing, dead or of another shape."""
+        return [r for r in cfg.roles() if self.keys.get(r) != cfg.server_key(r)
+                or r not in self.servers or not self.servers[r].alive()]
+
+    def needs_start(self, cfg: ExperimentConfig) -> bool:
+        return bool(self.stale(cfg)) or set(self.servers) != set(cfg.roles())
+
+    def ensure(self, cfg: ExperimentConfig) -> None:
+        """Run the servers ``cfg`` needs, restarting only the roles whose shape changed and
+        stopping those it does not need."""
+        stale = self.stale(cfg)
+        for role in [*stale, *(set(self.servers) - set(cfg.roles()))]:
+            self._stop_role(role)
+        if stale:
+            self._start(cfg, stale)
+        self.servers = {r: self.servers[r] for r in cfg.roles()}
+
+    def _start(self, cfg: ExperimentConfig, roles: list[str]) -> None:
+        knobs_file = getattr(self.channel, "knobs_file", None)
+        if knobs_file is not None:
+            check_vllm_release()
+        specs = plan.server_specs(cfg, self.log_dir, knobs_file=knobs_file,
+                                  state_dir=getattr(self.channel, "state_dir", None),
+                                  dev_mode=self.dev_mode, roles=roles)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.channel.prepare(cfg)  # servers kept running acknowledge its new version too
+        self._add(cfg, start_all(specs, cfg.startup_timeout_s))
+
+    def _add(self, cfg: ExperimentConfig, servers: list[VllmServer]) -> None:
+        for s in servers:
+            role = s.spec.role
+            self.servers[role], self.keys[role] = s, cfg.server_key(role)
+            self.startup_seconds[role] = s.ready_seconds
+
+    def _stop_role(self, role: str) -> None:
+        server = self.servers.pop(role, None)
+        if server is not None:
+            server.stop()
+        self.keys.pop(role, None)
+        self.startup_seconds.pop(role, None)
+
+    def stop(self) -> None:
+        for role in list(self.servers):
+            self._stop_role(role)
