@@ -48,7 +48,8 @@ def client_limits(concurrency: int) -> httpx.Limits:
 
 
 class Session:
-    """Owns the servers for one server shape and runs experiments on them.
+    """Owns servers (``ServerSet``: each role restarted only when its shape changes) and runs
+    experiments on them.
 
     Use as a context manager (or call ``close``); servers are also stopped at exit, on
     SIGTERM/SIGHUP, and by their reaper if this process dies.
@@ -58,7 +59,6 @@ class Session:
                  baseline_cache: str | Path | None = None,
                  channel: channels.KnobChannel | None = None, dev_mode: bool = False):
         self._tmp = None
-        self.dev_mode = dev_mode  # servers it starts get VLLM_SERVER_DEV_MODE (`serve` only)
         if log_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="workbench-")
             log_dir = self._tmp.name
@@ -183,7 +183,7 @@ class Session:
             command: str | None = None, out_dir: str | Path | None = None) -> Result:
         cfg.validate()
         t0 = time.monotonic()
-        if not self.attached:  # Hub ids: once, here, before the tokenizer and the servers
+        if not self.attached:  # Hub ids, before the tokenizer needs their files
             models.fetch([cfg.target, cfg.drafter])
         plist = prompt_sets.build(
             cfg.prompt_set, cfg.num_prompts, cfg.target, seed=cfg.seed,

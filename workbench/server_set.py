@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import channels, plan
+from . import channels, models, plan
 from .config import ConfigError, ExperimentConfig
 from .knobs import release
 from .servers import VllmServer, start_all
@@ -31,7 +31,8 @@ class ServerSet:
     """One server per role, their shapes, start-up times and the knob channel they read."""
 
     def __init__(self, log_dir: Path, channel: channels.KnobChannel, dev_mode: bool = False):
-        self.log_dir, self.channel, self.dev_mode = log_dir, channel, dev_mode
+        self.log_dir, self.channel = log_dir, channel
+        self.dev_mode = dev_mode  # servers it starts get VLLM_SERVER_DEV_MODE (`serve` only)
         self.servers: dict = {}  # role -> VllmServer (RemoteServer when attached)
         self.keys: dict[str, tuple] = {}  # role -> the server_key its server runs
         self.startup_seconds: dict[str, float] = {}
@@ -55,6 +56,7 @@ class ServerSet:
         self.servers = {r: self.servers[r] for r in cfg.roles()}
 
     def _start(self, cfg: ExperimentConfig, roles: list[str]) -> None:
+        models.fetch([cfg.target, cfg.drafter])  # Hub ids once, not by each server
         knobs_file = getattr(self.channel, "knobs_file", None)
         if knobs_file is not None:
             check_vllm_release()

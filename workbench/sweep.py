@@ -315,14 +315,14 @@ def _run_one(session: Session, cfg: ExperimentConfig, out: Path, slug: str,
     this process when ``starter`` is None."""
     point_dir = out / "points" / slug
     t0 = time.monotonic()
-    if session.needs_start(cfg):
-        session.ensure(cfg)
-        timing["start_seconds"].append(time.monotonic() - t0)
-        t0 = time.monotonic()
     if starter is None:
         session.run(cfg, out_dir=point_dir)
         timing["points"][slug] = time.monotonic() - t0
         return
+    if session.needs_start(cfg):
+        session.ensure(cfg)
+        timing["start_seconds"].append(time.monotonic() - t0)
+        t0 = time.monotonic()
     attach = {"urls": {r: s.url for r, s in session.servers.items()},
               "knobs_file": str(session.knobs_file), "state_dir": str(session.state_dir),
               "baseline_cache": str(session.baseline_cache or out / "baseline-cache")}

@@ -5,6 +5,8 @@ runs on vLLM in ``tests/servers/test_knob_effects.py``."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from workbench import channels, plan
 from workbench.config import ExperimentConfig
 from workbench.knobs import spec as knob_spec
@@ -53,3 +55,23 @@ def test_a_dead_server_is_restarted_and_a_role_no_longer_needed_is_stopped(tmp_p
     fleet.servers["p"] = Running()
     pd_only = ExperimentConfig(run_baseline=False)
     assert fleet.stale(pd_only) == [] and fleet.needs_start(pd_only)  # the baseline goes
+
+
+def test_hub_models_are_fetched_before_any_server_starts_with_stand_ins(tmp_path, monkeypatch):
+    """A sweep's driver starts the servers itself (its notebook kernels attach), so the
+    one download of a Hub id (``models.fetch``) must come with the start, not only with
+    ``Session.run``. The download and the start are stand-ins here (no network, no GPU)."""
+    from workbench import models, server_set
+
+    order: list[str] = []
+    monkeypatch.setattr(models, "fetch", lambda names: order.append(f"fetch {names}"))
+    monkeypatch.setattr(server_set, "check_vllm_release", lambda: None)
+    def start_all(specs, timeout):
+        order.append("start " + ",".join(s.role for s in specs))
+        return [SimpleNamespace(spec=s, ready_seconds=0.0) for s in specs]
+
+    monkeypatch.setattr(server_set, "start_all", start_all)
+    cfg = ExperimentConfig.for_profile("gpu", require_models=False)
+    fleet = ServerSet(tmp_path, channels.FileChannel.in_dir(tmp_path))
+    fleet.ensure(cfg)
+    assert order[0] == f"fetch {[cfg.target, cfg.drafter]}" and order[1] == "start p,d,baseline"
