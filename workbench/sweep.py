@@ -288,6 +288,8 @@ def _sweep(points: list[Point], out: Path, base: ExperimentConfig, use_papermill
     starter = KernelStarter(SWEEP_NOTEBOOK.parent) if use_papermill else None
     with (session if owned else contextlib.nullcontext(session),
           contextlib.closing(starter) if starter else contextlib.nullcontext()):
+        if starter and todo:
+            starter.launch_next()  # the first point's kernel boots while its servers start
         for pt in points:
             if pt not in todo:
                 if on_point:
