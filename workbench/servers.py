@@ -242,7 +242,7 @@ class VllmServer:
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
         self.ready_seconds: float | None = None
-        self._log_offset = 0  # where this start's output begins in the (appended) log
+        self._log_offset = 0  # where this start's server output begins in the (appended) log
 
     @property
     def url(self) -> str:
@@ -262,9 +262,9 @@ class VllmServer:
         cmd += self.spec.command()
         # Not through a symlink planted at the log's name (it would append to another file).
         with os.fdopen(rundir.open_append(self.spec.log_path), "ab") as log:
-            self._log_offset = os.fstat(log.fileno()).st_size
             log.write(f"# {' '.join(self.spec.command())}\n".encode())
             log.flush()
+            self._log_offset = os.fstat(log.fileno()).st_size  # the server's own output
             self.started_at = time.monotonic()
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -291,36 +291,53 @@ class VllmServer:
         return "\n".join(text[-lines:])
 
     def port_clash(self) -> bool:
-        """Whether this start failed because one of its ports was taken (its output only)."""
+        """Whether this start failed because one of its ports was taken (its output only; a
+        line that says it retries, as vLLM's data-parallel port setup does, is no failure)."""
         try:
             with self.spec.log_path.open("rb") as f:
                 f.seek(self._log_offset)
-                return PORT_CLASH in f.read().decode(errors="replace").lower()
+                lines = f.read().decode(errors="replace").lower().splitlines()
         except OSError:
             return False
+        return any(PORT_CLASH in line and "retrying" not in line for line in lines)
 
     def wait_ready(self, timeout: float = 300.0) -> float:
-        """Poll /health until 200; raise with the log's tail if the process dies or times out."""
+        """Poll /health until 200; raise with the log's tail if the process dies, cannot bind
+        a port, or is not healthy ``timeout`` seconds after its start. It asks at least once:
+        ``start_all`` waits for one server after another, so a later one's time may be up
+        before its first check while it has long been healthy."""
         assert self.started_at is not None, "start() first"
         deadline = self.started_at + timeout
         with httpx.Client(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise ServerError(
-                        f"{self.spec.role} server exited with code {self.proc.returncode} during "
-                        f"start-up; log {self.spec.log_path}:\n{self.log_tail()}"
-                    )
+            while True:
+                self._raise_if_failed()
                 try:
                     if client.get(f"{self.url}/health").status_code == 200:
                         self.ready_seconds = time.monotonic() - self.started_at
                         return self.ready_seconds
                 except httpx.HTTPError:
                     pass
+                if time.monotonic() >= deadline:
+                    break
                 time.sleep(0.5)
         raise ServerError(
             f"{self.spec.role} server not healthy after {timeout:.0f} s; "
             f"log {self.spec.log_path}:\n{self.log_tail()}"
         )
+
+    def _raise_if_failed(self) -> None:
+        """A server that exited, or that logged a port it could not bind: vLLM's NIXL
+        handshake listener dies of it in its own thread (``_nixl_handshake_listener``), and
+        the server then never becomes healthy, so waiting out the timeout would only delay
+        the retry on other ports."""
+        if self.proc.poll() is not None:
+            raise ServerError(
+                f"{self.spec.role} server exited with code {self.proc.returncode} during "
+                f"start-up; log {self.spec.log_path}:\n{self.log_tail()}")
+        if self.port_clash():
+            raise ServerError(
+                f"{self.spec.role} server could not bind a port ({PORT_CLASH}) during "
+                f"start-up; log {self.spec.log_path}:\n{self.log_tail()}")
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the reaper's group (the reaper stops the tree), then SIGKILL what is left."""

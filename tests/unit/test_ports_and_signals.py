@@ -92,6 +92,63 @@ def test_an_automatic_port_taken_before_the_bind_is_retried(tmp_path, monkeypatc
         taken.close()
 
 
+# A server that logs a port it could not bind and stays up without ever answering, as vLLM
+# does when its NIXL handshake listener's side-channel port was taken.
+HANGING_ON_A_TAKEN_PORT = textwrap.dedent("""
+    import sys, time
+    taken, port = int(sys.argv[2]), int(sys.argv[1])
+    if port == taken:
+        print("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:%d')" % port,
+              flush=True)
+        time.sleep(600)
+""") + FAKE_SERVER
+
+
+def test_a_server_hanging_on_a_taken_port_is_restarted_at_once_not_at_the_timeout(
+        tmp_path, monkeypatch):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    ports = iter([taken.getsockname()[1]])
+    real = servers.free_port
+    monkeypatch.setattr(servers, "free_port", lambda host="127.0.0.1": next(ports, None)
+                        or real(host))
+
+    @dataclass
+    class Hanging(servers.ServerSpec):
+        def command(self) -> list[str]:
+            return [sys.executable, "-c", HANGING_ON_A_TAKEN_PORT, str(self.port),
+                    str(taken.getsockname()[1])]
+
+    spec = Hanging(role="d", target="t", drafter="d", num_speculative_tokens=1,
+                   log_dir=tmp_path / "logs")
+    t = time.monotonic()
+    try:
+        (server,) = servers.start_all([spec], timeout=300)
+        try:
+            assert spec.port != taken.getsockname()[1] and server.alive()
+            assert time.monotonic() - t < 150, "waited for the timeout before the retry"
+        finally:
+            server.stop()
+    finally:
+        taken.close()
+
+
+def test_a_healthy_server_is_asked_once_even_when_its_time_is_up(tmp_path):
+    """start_all waits for one server after another: the last one's time can be up before
+    its first check, while it has long been healthy."""
+    spec = FakeSpec(role="baseline", target="t", drafter="d", num_speculative_tokens=1,
+                    log_dir=tmp_path / "logs")
+    server = servers.VllmServer(spec).start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        server.started_at -= 1000  # as if started 1000 s ago
+        assert server.wait_ready(timeout=300) > 300
+    finally:
+        server.stop()
+
+
 def test_a_port_the_user_chose_is_not_silently_changed(tmp_path):
     spec = FakeSpec(role="baseline", target="t", drafter="d", num_speculative_tokens=1,
                     log_dir=tmp_path, port=servers.free_port())
