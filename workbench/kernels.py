@@ -27,9 +27,12 @@ class KernelStarter:
         self._next: AsyncKernelManager | None = None
 
     def take(self) -> AsyncKernelManager:
-        """A started kernel: the one launched ahead, else a new one."""
-        km, self._next = self._next or self._launch(), None
-        return km
+        """A started kernel: the one launched ahead if it still runs, else a new one."""
+        km, self._next = self._next, None
+        if km is not None and not run_sync(km.is_alive)():
+            self.stop(km)
+            km = None
+        return km or self._launch()
 
     def launch_next(self) -> None:
         """Start the kernel the next ``take`` returns (it boots while this process waits)."""
