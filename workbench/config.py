@@ -121,8 +121,7 @@ class ExperimentConfig:
     def server_key(self, role: str) -> tuple[Any, ...]:
         """What, when different, needs another server for ``role``: the server fields, the
         restart-time knobs that act on the role (``KnobSpec.roles``) and the role's port."""
-        restart = tuple(self.knobs[n] for n in knob_spec.restart_knobs()
-                        if role in knob_spec.KNOBS[n].roles)
+        restart = tuple(self.knobs[n] for n in knob_spec.restart_knobs(role))
         return (*(getattr(self, f) for f in self.SERVER_FIELDS), *restart, self.ports.get(role))
 
     @classmethod

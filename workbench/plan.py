@@ -46,12 +46,7 @@ def server_specs(cfg: ExperimentConfig, log_dir: str | Path, *,
         ServerSpec(role=r, num_speculative_tokens=getattr(cfg, ROLE_SHAPE[r][0]),
                    kv_role=ROLE_SHAPE[r][1], cpus=prof.cpus.get(r), gpus=prof.gpus.get(r),
                    gpu_memory_utilization=prof.gpu_memory_utilization.get(r),
-                   port=cfg.ports.get(r), restart_knobs=restart_knobs(cfg, r), **common)
+                   port=cfg.ports.get(r),
+                   restart_knobs={n: cfg.knobs[n] for n in knob_spec.restart_knobs(r)}, **common)
         for r in (cfg.roles() if roles is None else roles)
     ]
-
-
-def restart_knobs(cfg: ExperimentConfig, role: str) -> dict[str, str]:
-    """The restart-time knobs that act on ``role`` (the others keep their defaults there, so
-    changing one restarts only the servers it acts on)."""
-    return {n: cfg.knobs[n] for n in knob_spec.restart_knobs() if role in knob_spec.KNOBS[n].roles}

@@ -80,6 +80,8 @@ def test_spec_names_and_env_unchanged():
     assert spec.ENV_ROLE == "WORKBENCH_ROLE"
     assert spec.ENV_TRANSFER == "WORKBENCH_TRANSFER"
     assert spec.restart_knobs() == ("transfer",)
+    assert spec.restart_knobs("p") == spec.restart_knobs("d") == ("transfer",)
+    assert spec.restart_knobs("baseline") == ()  # no KV connector to stage through
     # every knob the server reports is owned by some component; double_bos is client-side
     owned = {k for c in spec.COMPONENTS for k in spec.owned(c)}
     assert owned | set(spec.client_side()) == set(spec.KNOBS)

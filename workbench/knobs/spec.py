@@ -164,8 +164,10 @@ def client_side() -> tuple[str, ...]:
     return tuple(n for n, k in KNOBS.items() if k.client_side)
 
 
-def restart_knobs() -> tuple[str, ...]:
-    return tuple(n for n, k in KNOBS.items() if k.restart)
+def restart_knobs(role: str | None = None) -> tuple[str, ...]:
+    """The restart-time knobs (those that act on ``role``, when given: a change of one of
+    them restarts only the servers it acts on)."""
+    return tuple(n for n, k in KNOBS.items() if k.restart and (role is None or role in k.roles))
 
 
 def restart_env(knobs: dict[str, str]) -> dict[str, str]:
