@@ -37,6 +37,12 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--kv-probe", action="store_true",
                     help="capture every KV layer's blocks per request on P, D and the baseline "
                     "and compare them (result.json: requests[].kv_probe, kv_probe_summary)")
+    ap.add_argument("--max-num-batched-tokens", type=int,
+                    help="vLLM's token budget per scheduler step; below a prompt's length its "
+                    "prefill runs in chunks (default: vLLM's)")
+    ap.add_argument("--no-padded-drafter-batch", action="store_true",
+                    help="pass disable_padded_drafter_batch in the speculative config (vLLM "
+                    "then turns asynchronous scheduling off)")
     ap.add_argument("--no-enforce-eager", action="store_true",
                     help="drop --enforce-eager (every profile sets it, as vLLM's PD test does): "
                     "graphs compile and Model Runner V2 runs its start-up warm-up")
@@ -54,7 +60,7 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
 
 _FLAG_FIELDS = ("target", "drafter", "profile", "num_prompts", "max_tokens", "prompt_set",
                 "prompt_file", "k_p", "k_d", "block_size", "kv_cache_bytes", "seed", "host",
-                "concurrency")
+                "concurrency", "max_num_batched_tokens")
 
 
 def _flag_values(args: argparse.Namespace, data: dict) -> dict:
@@ -75,6 +81,8 @@ def _flag_values(args: argparse.Namespace, data: dict) -> dict:
         data["run_baseline"] = False
     if args.no_enforce_eager:
         data["enforce_eager"] = False
+    if args.no_padded_drafter_batch:
+        data["padded_drafter_batch"] = False
     if getattr(args, "kv_probe", False):
         data["kv_probe"] = True
     if args.allow_remote:

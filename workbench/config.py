@@ -64,6 +64,13 @@ class ExperimentConfig:
     # Capture every KV layer's blocks per request on P, D and the baseline and compare them
     # (workbench/knobs/kv_probe.py, workbench/kv_compare.py); carried as the knob kv_probe.
     kv_probe: bool = False
+    # vLLM's token budget per scheduler step (--max-num-batched-tokens); None: vLLM's default.
+    # A budget below a prompt's length splits its prefill into chunks, deterministically.
+    max_num_batched_tokens: int | None = None
+    # False passes disable_padded_drafter_batch in the speculative config: the drafter then
+    # takes its next tokens on the CPU path (prepare_next_token_ids_cpu), and vLLM turns
+    # asynchronous scheduling off.
+    padded_drafter_batch: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -94,6 +101,7 @@ class ExperimentConfig:
                               "(null: the profile's)")
         if not (self.run_baseline or self.run_pd):
             raise ConfigError("run_baseline and run_pd are both False: nothing to run")
+        _check_budget(self)
         if not isinstance(self.kv_probe, bool):
             raise ConfigError(f"kv_probe={self.kv_probe!r} must be true or false")
         if not isinstance(self.knobs, dict):
@@ -106,7 +114,8 @@ class ExperimentConfig:
 
     # Fields that, when different, need different servers.
     SERVER_FIELDS = ("target", "drafter", "profile", "k_p", "k_d", "block_size",
-                     "kv_cache_bytes", "max_model_len", "host", "seed", "enforce_eager")
+                     "kv_cache_bytes", "max_model_len", "host", "seed", "enforce_eager",
+                     "max_num_batched_tokens", "padded_drafter_batch")
 
     def enforce_eager_in_force(self) -> bool:
         """``--enforce-eager`` as the servers get it: the profile's unless overridden."""
@@ -170,7 +179,8 @@ def read_json(path: str | Path) -> Any:
 
 # --- field checks (each names the value and what is allowed) ---------------------------------
 _STR_FIELDS = ("target", "drafter", "profile", "prompt_set", "host", "label")
-_BOOL_FIELDS = ("run_baseline", "run_pd", "require_models", "allow_remote")
+_BOOL_FIELDS = ("run_baseline", "run_pd", "require_models", "allow_remote",
+                "padded_drafter_batch")
 # integer fields and their least value: a bool is not an integer here (True would be k=1)
 _INT_FIELDS = {"k_p": 1, "k_d": 1, "num_prompts": 1, "max_tokens": 1, "concurrency": 1,
                "block_size": 1, "kv_cache_bytes": 1, "max_model_len": 1, "seed": 0}
@@ -205,6 +215,14 @@ def _check_integers(cfg: ExperimentConfig) -> None:
         if not _is_int(v) or v < least:
             what = " (the number of draft tokens)" if name in ("k_p", "k_d") else ""
             raise ConfigError(f"{name}={v!r}{what} must be an integer >= {least}")
+
+
+def _check_budget(cfg: ExperimentConfig) -> None:
+    """``max_num_batched_tokens``: null (vLLM's default) or a whole number of tokens >= 1."""
+    v = cfg.max_num_batched_tokens
+    if v is not None and (not _is_int(v) or v < 1):
+        raise ConfigError(f"max_num_batched_tokens={v!r} must be an integer >= 1 (tokens per "
+                          "scheduler step) or null for vLLM's default")
 
 
 def _check_models(cfg: ExperimentConfig) -> None:

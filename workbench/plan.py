@@ -40,6 +40,8 @@ def server_specs(cfg: ExperimentConfig, log_dir: str | Path, *,
         knobs_state_dir=state_dir, kv_buffer_device=kv_buffer_device(cfg),
         nixl_progress_delay_us=prof.nixl_progress_delay_us, hf_offline=prof.hf_offline,
         draft_max_model_len=cfg.max_model_len if prof.speculative_max_model_len else None,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        padded_drafter_batch=cfg.padded_drafter_batch,
         extra_args=list(prof.server_args), extra_env=dict(prof.server_env), dev_mode=dev_mode,
     )
     return [

@@ -95,6 +95,8 @@ class ServerSpec:
     # a user's own HF_HUB_OFFLINE still reaches the server through the inherited environment.
     hf_offline: bool = True
     draft_max_model_len: int | None = None  # the speculative config's max_model_len
+    max_num_batched_tokens: int | None = None  # None: vLLM's default token budget per step
+    padded_drafter_batch: bool = True  # False: disable_padded_drafter_batch
     # --per-request-spec-decode-metrics detailed: each response carries its own counts
     per_request_metrics: bool = True
     # VLLM_SERVER_DEV_MODE=1 opens /collective_rpc (any worker method by name, no key) and
@@ -140,6 +142,8 @@ class ServerSpec:
         }
         if self.draft_max_model_len is not None:
             spec_cfg["max_model_len"] = self.draft_max_model_len
+        if not self.padded_drafter_batch:
+            spec_cfg["disable_padded_drafter_batch"] = True
         cmd = [
             sys.executable, "-m", API_SERVER_MODULE,
             "--model", str(self.target),
@@ -151,6 +155,8 @@ class ServerSpec:
             "--seed", str(self.seed),
             "--speculative-config", json.dumps(spec_cfg),
         ]
+        if self.max_num_batched_tokens is not None:
+            cmd += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
         if self.per_request_metrics:  # each response carries its own counts (measure.py)
             cmd += ["--per-request-spec-decode-metrics", "detailed"]
         if self.device == "cpu":
