@@ -27,8 +27,8 @@ class BaselineCache:
         shape = [cfg.target, cfg.drafter, cfg.k_d, cfg.block_size, cfg.kv_cache_bytes,
                  cfg.max_model_len, cfg.seed, cfg.profile, cfg.max_tokens, cfg.concurrency,
                  vllm_version(), token_ids]
-        if cfg.max_num_batched_tokens is not None or not cfg.padded_drafter_batch:
-            shape += [cfg.max_num_batched_tokens, cfg.padded_drafter_batch]  # old keys stay
+        if cfg.budget("baseline") is not None or not cfg.padded_drafter_batch:
+            shape += [cfg.budget("baseline"), cfg.padded_drafter_batch]  # old keys stay
         digest = hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:24]
         return self.directory / f"baseline-{digest}.json"
 

@@ -37,8 +37,9 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--kv-probe", action="store_true",
                     help="capture every KV layer's blocks per request on P, D and the baseline "
                     "and compare them (result.json: requests[].kv_probe, kv_probe_summary)")
-    ap.add_argument("--max-num-batched-tokens", type=int,
-                    help="vLLM's token budget per scheduler step; below a prompt's length its "
+    ap.add_argument("--max-num-batched-tokens", type=_budget, metavar="N|ROLE=N,...",
+                    help="vLLM's token budget per scheduler step, for every server or per role "
+                    "(p=64,d=64 keeps the baseline unchunked); below a prompt's length its "
                     "prefill runs in chunks (default: vLLM's)")
     ap.add_argument("--no-padded-drafter-batch", action="store_true",
                     help="pass disable_padded_drafter_batch in the speculative config (vLLM "
@@ -56,6 +57,17 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
                         help=f"port of the {role} server (default: a free one)")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                     help="repeatable; " + knob_spec.help_text())
+
+
+def _budget(text: str) -> int | dict[str, int]:
+    """``64`` (every server) or ``p=64,d=64`` (those roles) for --max-num-batched-tokens."""
+    try:
+        if "=" not in text:
+            return int(text)
+        return {r.strip(): int(n) for r, n in (part.split("=", 1) for part in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a number of tokens (64) or ROLE=N,... (p=64,d=64)") from None
 
 
 _FLAG_FIELDS = ("target", "drafter", "profile", "num_prompts", "max_tokens", "prompt_set",

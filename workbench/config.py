@@ -64,9 +64,11 @@ class ExperimentConfig:
     # Capture every KV layer's blocks per request on P, D and the baseline and compare them
     # (workbench/knobs/kv_probe.py, workbench/kv_compare.py); carried as the knob kv_probe.
     kv_probe: bool = False
-    # vLLM's token budget per scheduler step (--max-num-batched-tokens); None: vLLM's default.
-    # A budget below a prompt's length splits its prefill into chunks, deterministically.
-    max_num_batched_tokens: int | None = None
+    # vLLM's token budget per scheduler step (--max-num-batched-tokens): one for every server,
+    # or role -> tokens (unset roles keep vLLM's default); None: vLLM's default. A budget below
+    # a prompt's length splits its prefill into chunks, deterministically; {"p": 64, "d": 64}
+    # chunks P's prefill while the baseline stays an unchunked reference.
+    max_num_batched_tokens: int | dict[str, int] | None = None
     # False passes disable_padded_drafter_batch in the speculative config: the drafter then
     # takes its next tokens on the CPU path (prepare_next_token_ids_cpu), and vLLM turns
     # asynchronous scheduling off.
@@ -115,7 +117,7 @@ class ExperimentConfig:
     # Fields that, when different, need different servers.
     SERVER_FIELDS = ("target", "drafter", "profile", "k_p", "k_d", "block_size",
                      "kv_cache_bytes", "max_model_len", "host", "seed", "enforce_eager",
-                     "max_num_batched_tokens", "padded_drafter_batch")
+                     "padded_drafter_batch")
 
     def enforce_eager_in_force(self) -> bool:
         """``--enforce-eager`` as the servers get it: the profile's unless overridden."""
@@ -131,7 +133,13 @@ class ExperimentConfig:
         """What, when different, needs another server for ``role``: the server fields, the
         restart-time knobs that act on the role (``KnobSpec.roles``) and the role's port."""
         restart = tuple(self.knobs[n] for n in knob_spec.restart_knobs(role))
-        return (*(getattr(self, f) for f in self.SERVER_FIELDS), *restart, self.ports.get(role))
+        return (*(getattr(self, f) for f in self.SERVER_FIELDS), *restart, self.budget(role),
+                self.ports.get(role))
+
+    def budget(self, role: str) -> int | None:
+        """``role``'s ``--max-num-batched-tokens`` (None: vLLM's default)."""
+        v = self.max_num_batched_tokens
+        return v.get(role) if isinstance(v, dict) else v
 
     @classmethod
     def for_profile(cls, profile: str, **overrides: Any) -> ExperimentConfig:
@@ -218,11 +226,17 @@ def _check_integers(cfg: ExperimentConfig) -> None:
 
 
 def _check_budget(cfg: ExperimentConfig) -> None:
-    """``max_num_batched_tokens``: null (vLLM's default) or a whole number of tokens >= 1."""
+    """``max_num_batched_tokens``: null (vLLM's default), a whole number of tokens >= 1, or an
+    object of role -> such a number."""
     v = cfg.max_num_batched_tokens
-    if v is not None and (not _is_int(v) or v < 1):
-        raise ConfigError(f"max_num_batched_tokens={v!r} must be an integer >= 1 (tokens per "
-                          "scheduler step) or null for vLLM's default")
+    per_role = v if isinstance(v, dict) else {"every role": v}
+    for role, n in per_role.items():
+        if role != "every role" and role not in ROLES:
+            raise ConfigError(f"max_num_batched_tokens: unknown role {role!r}; allowed: "
+                              f"{', '.join(ROLES)}")
+        if n is not None and (not _is_int(n) or n < 1):
+            raise ConfigError(f"max_num_batched_tokens={v!r}: {role} must get an integer >= 1 "
+                              "(tokens per scheduler step), or null for vLLM's default")
 
 
 def _check_models(cfg: ExperimentConfig) -> None:

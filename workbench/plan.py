@@ -40,7 +40,6 @@ def server_specs(cfg: ExperimentConfig, log_dir: str | Path, *,
         knobs_state_dir=state_dir, kv_buffer_device=kv_buffer_device(cfg),
         nixl_progress_delay_us=prof.nixl_progress_delay_us, hf_offline=prof.hf_offline,
         draft_max_model_len=cfg.max_model_len if prof.speculative_max_model_len else None,
-        max_num_batched_tokens=cfg.max_num_batched_tokens,
         padded_drafter_batch=cfg.padded_drafter_batch,
         extra_args=list(prof.server_args), extra_env=dict(prof.server_env), dev_mode=dev_mode,
     )
@@ -48,7 +47,7 @@ def server_specs(cfg: ExperimentConfig, log_dir: str | Path, *,
         ServerSpec(role=r, num_speculative_tokens=getattr(cfg, ROLE_SHAPE[r][0]),
                    kv_role=ROLE_SHAPE[r][1], cpus=prof.cpus.get(r), gpus=prof.gpus.get(r),
                    gpu_memory_utilization=prof.gpu_memory_utilization.get(r),
-                   port=cfg.ports.get(r),
+                   port=cfg.ports.get(r), max_num_batched_tokens=cfg.budget(r),
                    restart_knobs={n: cfg.knobs[n] for n in knob_spec.restart_knobs(r)}, **common)
         for r in (cfg.roles() if roles is None else roles)
     ]
