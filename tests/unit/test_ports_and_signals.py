@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -34,8 +35,22 @@ def _time_wait_port() -> int:
     return port
 
 
+TCP_STATES = {"01": "ESTABLISHED", "06": "TIME_WAIT", "0A": "LISTEN"}  # include/net/tcp_states.h
+
+
+def tcp_states(port: int) -> list[str]:
+    """The kernel's TCP sockets whose local port is ``port`` (``/proc/net/tcp``), by state."""
+    out = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if int(local.split(":")[1], 16) == port:
+            out.append(TCP_STATES.get(state, state))
+    return out
+
+
 def test_a_port_in_time_wait_is_free_for_the_server():
     port = _time_wait_port()
+    assert tcp_states(port) == ["TIME_WAIT"]  # the port's only socket lingers in TIME_WAIT
     servers.check_port_free(port)  # today: "already in use" (bound without SO_REUSEADDR)
 
 
@@ -150,9 +165,21 @@ def test_a_healthy_server_is_asked_once_even_when_its_time_is_up(tmp_path):
 
 
 def test_a_port_the_user_chose_is_not_silently_changed(tmp_path):
+    """A port the user chose, taken between the check and the server's bind, fails the start
+    naming the clash; the server is not moved to another port, as an automatic one is."""
+    chosen = servers.free_port()
     spec = FakeSpec(role="baseline", target="t", drafter="d", num_speculative_tokens=1,
-                    log_dir=tmp_path, port=servers.free_port())
-    assert spec.auto_ports == ()
+                    log_dir=tmp_path, port=chosen)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", chosen))  # another process got it first
+        taken.listen()
+        t = time.monotonic()
+        with pytest.raises(servers.ServerError, match="exited with code 1"):
+            servers.start_all([spec], timeout=60)
+    assert time.monotonic() - t < 30, "waited for the timeout instead of failing at the bind"
+    assert spec.port == chosen
+    log = spec.log_path.read_text()
+    assert log.count("Address already in use") == 1, log  # one start, no retry elsewhere
 
 
 SIGTERM_WHILE_LOCKED = textwrap.dedent("""

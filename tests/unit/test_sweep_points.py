@@ -4,7 +4,10 @@ slugs never collide; aggregation reads complete results only (issue 13, items 1 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,12 +37,54 @@ def _complete_point(point_dir: Path, cfg: ExperimentConfig, ident: sweep.PointId
     return rec
 
 
-def test_a_point_of_the_same_config_is_kept(pair, tmp_path):
-    cfg = ExperimentConfig(target=pair[0], drafter=pair[1], num_prompts=16, label="fixed")
-    ident = sweep.PointIdentity()
-    rec = _complete_point(tmp_path / "fixed", cfg, ident)
-    assert sweep.is_complete(tmp_path / "fixed", sweep.PointIdentity().record(cfg))
-    assert rec["digest"] == sweep.PointIdentity().record(cfg)["digest"]
+# The first sweep, in a process of its own (another hash seed): its point's config, record and
+# complete result written as ``sweep._sweep`` writes them.
+FIRST_SWEEP = """
+import json, sys
+from pathlib import Path
+from workbench import sweep
+from workbench.config import ExperimentConfig
+from workbench.provenance import atomic_write_json
+target, drafter, point_dir = sys.argv[1:4]
+base = ExperimentConfig(target=target, drafter=drafter, num_prompts=16,
+                        knobs={"blocks": "dirty", "finalize": "eager"})
+pt = sweep.Point("fixed", "indomain", {"block_handoff": "legacy"})
+cfg = sweep.point_config(base, pt)
+d = Path(point_dir)
+d.mkdir(parents=True)
+(d / "result.json").write_text(json.dumps({"complete": True, "config": cfg.to_dict()}))
+atomic_write_json(d / sweep.POINT_RECORD, sweep.PointIdentity().record(cfg), indent=2)
+"""
+
+
+class _NoRuns:
+    """A session a kept point must never reach."""
+
+    startup_seconds: dict = {}
+
+    def run(self, cfg, **kw):
+        raise AssertionError(f"point {cfg.label} was run again")
+
+
+def test_a_point_of_the_same_config_is_kept(pair, tmp_path, monkeypatch):
+    """A point a first sweep completed (another process) is skipped by a second sweep of the
+    same config, built anew (its knobs given in another order, a default spelled out), and
+    its result is left as it was."""
+    out = rundir.private_dir(tmp_path / "out")
+    point_dir = out / "points" / "fixed"
+    env = {**os.environ, "PYTHONHASHSEED": "1"}
+    subprocess.run([sys.executable, "-c", FIRST_SWEEP, pair[0], pair[1], str(point_dir)],
+                   check=True, env=env, timeout=120)
+    mtime = (point_dir / "result.json").stat().st_mtime_ns
+
+    base = ExperimentConfig(target=pair[0], drafter=pair[1], num_prompts=16,
+                            knobs={"finalize": "eager", "transfer": "direct", "blocks": "dirty"})
+    seen = []
+    monkeypatch.setattr(sweep, "aggregate", lambda out, slugs: None)  # no figures here
+    sweep.run_sweep([sweep.Point("fixed", "indomain", {"block_handoff": "legacy"})], out, base,
+                    use_papermill=False, session=_NoRuns(), on_point=lambda pt, s: seen.append(s))
+    assert seen == ["skipped (complete)"]
+    assert (point_dir / "result.json").stat().st_mtime_ns == mtime
 
 
 def test_a_point_of_another_config_is_refused_naming_the_fields(pair, tmp_path):
