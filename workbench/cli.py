@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from . import rundir
+from . import input_checks, rundir
 from .config import SWEEP_NUM_PROMPTS, ConfigError, ExperimentConfig, read_json
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
@@ -164,13 +166,33 @@ def check_attach(urls: dict[str, str], timeout: float = 3.0) -> None:
 def check_before_start(cfg: ExperimentConfig) -> None:
     """What the session checks again right before its servers start, checked here first so a
     CLI user hears in a second, not after prompts and tokenizer are loaded: the installed
-    vLLM release, and the ports asked for."""
+    vLLM release, and the ports asked for; then what this machine allows (the host, the
+    memory a KV cache takes), which only a server's start would tell otherwise."""
     from .server_set import check_vllm_release
     from .servers import check_port_free
 
-    check_vllm_release()
+    check_vllm_release(cfg.knobs)
     for port in cfg.ports.values():
         check_port_free(port, cfg.host)
+    input_checks.check_machine(cfg)
+
+
+def check_prompts(cfgs: list[ExperimentConfig]) -> None:
+    """Build each config's prompts, as the run will first thing (the prompt cache keeps them
+    for it), and refuse one whose longest prompt and ``max_tokens`` overflow
+    ``max_model_len``: vLLM would answer such a request with a 400 once the servers are up."""
+    from . import models, prompts
+
+    seen = set()
+    for cfg in cfgs:
+        args = dict(seed=cfg.seed, block_size=cfg.block_size, prompt_file=cfg.prompt_file,
+                    double_bos=cfg.knobs["double_bos"] == "on")
+        key = (cfg.prompt_set, cfg.num_prompts, cfg.max_tokens, cfg.max_model_len, *args.values())
+        if models.is_hub_id(cfg.target) or key in seen:
+            continue  # a Hub model's tokenizer comes with its download, later
+        seen.add(key)
+        plist = prompts.build(cfg.prompt_set, cfg.num_prompts, cfg.target, **args)
+        input_checks.check_prompt_lengths(cfg, plist)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -178,11 +200,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     urls = parse_attach(args.attach)
+    if not urls and (args.knobs_file or args.state_dir):
+        flag = "--knobs-file" if args.knobs_file else "--state-dir"
+        raise ConfigError(f"{flag} {args.knobs_file or args.state_dir!r} names the knob channel "
+                          "of servers a run attaches to; allowed only with --attach (without "
+                          "it the run starts its own servers with their own channel)")
     out = rundir.check_out_dir(args.out)
     if urls:
         check_attach(urls)
     else:
         check_before_start(cfg)
+    check_prompts([cfg])
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "workbench", *sys.argv[1:]])
     bar = None
     try:
@@ -220,6 +248,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     points = sweep.grid_points(args.grid)  # an unknown grid fails before any server starts
     out = rundir.check_out_dir(args.out)
     check_before_start(base)
+    check_prompts([sweep.point_config(base, pt) for pt in points])
 
     def on_point(pt, status):
         print(f"[sweep] {pt.name}: {status}", flush=True)
@@ -286,8 +315,14 @@ def cmd_compat(args: argparse.Namespace) -> int:
     from . import compat
 
     if args.installed:
+        from .compat import build
+
+        b = build.installed()
+        print(f"{b.summary()} (table entry {b.table_entry}, source {b.source}: "
+              f"{b.checks_passed}/{b.checks_total} patch checks pass)")
+        print("\n".join(b.table()))
         record = compat.check_installed()
-        print(f"{record['source']}: {len(record['checks'])} checks, "
+        print(f"{record['source']}: {len(record['checks'])} checks of every kind, "
               f"{'every check passes' if record['ok'] else 'FAILED'}")
         for f in compat.failures(record):
             print(f"  fail: {f}", file=sys.stderr)
@@ -304,11 +339,16 @@ def cmd_compat(args: argparse.Namespace) -> int:
 
 
 def _add_compat(sub) -> None:
-    from .compat import CACHE, RECORDS
-
-    cp = sub.add_parser("compat", help="check the plugin's patches, the GPU profiles' flags, "
+    cp = sub.add_parser("compat", add_args=_compat_args,
+                        help="check the plugin's patches, the GPU profiles' flags, "
                         "the metric names and the per-request field against each vLLM "
                         "release's own source (CUDA wheel via pip download, cached)")
+    cp.set_defaults(func=cmd_compat)
+
+
+def _compat_args(cp: argparse.ArgumentParser) -> None:
+    from .compat import CACHE, RECORDS
+
     cp.add_argument("--vllm", help="comma-separated releases (default: every release in the "
                     "plugin's table), e.g. 0.32.0,0.33.0")
     cp.add_argument("--installed", action="store_true",
@@ -316,7 +356,6 @@ def _add_compat(sub) -> None:
     cp.add_argument("--out", default=str(RECORDS), help="where vllm-<release>.json go")
     cp.add_argument("--cache", default=str(CACHE), help="where downloaded wheels are kept")
     cp.add_argument("--no-readme", action="store_true", help="leave the README table alone")
-    cp.set_defaults(func=cmd_compat)
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
@@ -327,13 +366,18 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 
 def _add_releases(sub) -> None:
-    from .releases import run
-
-    rp = sub.add_parser("releases", parents=[run.parser(add_help=False)],
+    rp = sub.add_parser("releases", add_args=_releases_args,
                         help="run old vLLM releases natively (their own environments, the "
                         "plugin observe-only) beside the knobs that re-create their bugs; "
                         "results.csv and the native_vs_knob figures")
     rp.set_defaults(func=cmd_releases)
+
+
+def _releases_args(rp: argparse.ArgumentParser) -> None:
+    from .releases import run
+
+    # What ``parents=[run.parser(...)]`` does at construction, done once the command is chosen.
+    rp._add_container_actions(run.parser(add_help=False))
 
 
 def _report(result) -> str:
@@ -350,9 +394,29 @@ def _report(result) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+class _Subcommand(argparse.ArgumentParser):
+    """A subcommand's parser that may add its arguments only once that subcommand is chosen
+    (``add_args``): what they need (``releases.run`` imports matplotlib and scipy, ``compat``
+    httpx) is imported then, so ``--help`` and the other subcommands answer in well under a
+    second."""
+
+    def __init__(self, *args: Any,
+                 add_args: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._add_args = add_args
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._add_args is not None:
+            add, self._add_args = self._add_args, None
+            add(self)
+        return super().parse_known_args(args, namespace)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and its flags; a subcommand's own imports wait until it runs."""
     ap = argparse.ArgumentParser(prog="python -m workbench", description=__doc__)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Subcommand)
     run = sub.add_parser("run", help="run one experiment and write DIR/result.json")
     _add_experiment_args(run)
     run.add_argument("--out", required=True, help="output directory")
@@ -388,7 +452,11 @@ def main(argv: list[str] | None = None) -> int:
     pl.set_defaults(func=cmd_plan)
     _add_compat(sub)
     _add_releases(sub)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (ConfigError, ValueError) as e:

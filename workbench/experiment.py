@@ -21,14 +21,15 @@ import httpx
 from . import channels, kv_compare, models, profiles, rundir
 from . import prompts as prompt_sets
 from .baseline_cache import BaselineCache
+from .compat import build
 from .config import ConfigError, ExperimentConfig, exposure_notes
 from .knobs.kv_probe import prompt_key
 from .knobs.notes import knob_notes
-from .knobs.release import base_version, vllm_version
+from .knobs.release import vllm_version
 from .measure import Progress, Requests, measure, run_coro
 from .provenance import git_commit
 from .results import Result, aggregate, runner_in_force
-from .server_set import ServerSet
+from .server_set import ServerSet, check_vllm_release
 from .servers import RemoteServer
 
 FLUSH_WAIT_S = 0.5  # the plugin flushes its event counters every 0.2 s
@@ -183,7 +184,8 @@ class Session:
             command: str | None = None, out_dir: str | Path | None = None) -> Result:
         cfg.validate()
         t0 = time.monotonic()
-        if not self.attached:  # Hub ids, before the tokenizer needs their files
+        if not self.attached:  # a knob this build refuses; Hub ids before the tokenizer
+            check_vllm_release(cfg.knobs)
             models.fetch([cfg.target, cfg.drafter])
         plist = prompt_sets.build(
             cfg.prompt_set, cfg.num_prompts, cfg.target, seed=cfg.seed,
@@ -272,10 +274,12 @@ def new_result(cfg: ExperimentConfig, command: str | None, n: int, states: dict[
                startup_seconds: dict[str, float]) -> Result:
     """A run's result before its requests: config, provenance, knobs read back, notes."""
     device = profiles.get(cfg.profile).device
+    b = local_build()
     return Result(
         config=cfg.to_dict(), command=command or _default_command(),
         vllm_version=vllm_version(), git_commit=git_commit(),
-        vllm_release=base_version(vllm_version()), model_runner=runner_in_force(states),
+        vllm_release=(b.table_entry if b else None), vllm_build=(b.record() if b else None),
+        model_runner=runner_in_force(states),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         prompt_set=cfg.prompt_set if cfg.prompt_file is None else cfg.prompt_file,
         num_prompts=n, wall_seconds=0.0, engine_seconds=0.0,
@@ -286,6 +290,14 @@ def new_result(cfg: ExperimentConfig, command: str | None, n: int, states: dict[
             cfg.knobs, device=device, prompt_set=cfg.prompt_set,
             enforce_eager=cfg.enforce_eager_in_force(), concurrency=cfg.concurrency),
     )
+
+
+def local_build() -> build.Build | None:
+    """This machine's vLLM build (None where attach mode runs without a local vLLM)."""
+    try:
+        return build.installed()
+    except RuntimeError:
+        return None
 
 
 def reset_notes(states: dict[str, Any]) -> list[str]:

@@ -57,6 +57,10 @@ class Result:
     # model runner the servers' workers ran ("v1", "v2"; "v1,v2" mixed; None: no read-back).
     vllm_release: str | None = None
     model_runner: str | None = None
+    # The build the run used (compat/build.py): {version, table_entry, source ("table" |
+    # "installed-source"), checks_passed, checks_total (the entry's patch checks on the
+    # installed source), commit (vllm._version.__commit_id__, None where the build has none)}.
+    vllm_build: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,19 +12,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import channels, models, plan
+from .compat import build
 from .config import ConfigError, ExperimentConfig
 from .knobs import release
 from .servers import VllmServer, start_all
 
 
-def check_vllm_release() -> None:
-    """Refuse a vLLM the plugin was not written for before any server starts: inside the
-    servers the plugin's own refusal (``release.check_version``) comes only after all three
-    have spent their start-up loading weights."""
+def check_vllm_release(knobs: dict[str, str] | None = None) -> build.Build:
+    """Refuse, before any server starts, a vLLM no table entry serves and knobs whose patch
+    checks fail on the installed source (``compat/build.py``): inside the servers the same
+    refusal would come only after all three spent their start-up loading weights."""
     try:
         release.check_version()
     except RuntimeError as e:
         raise ConfigError(str(e)) from None
+    b = build.installed()
+    build.say_once(b)
+    if (why := build.refusal(b, knobs or {})) is not None:
+        raise ConfigError(why)
+    return b
 
 
 class ServerSet:
@@ -58,11 +64,12 @@ class ServerSet:
     def _start(self, cfg: ExperimentConfig, roles: list[str]) -> None:
         models.fetch([cfg.target, cfg.drafter])  # Hub ids once, not by each server
         knobs_file = getattr(self.channel, "knobs_file", None)
-        if knobs_file is not None:
-            check_vllm_release()
+        verdict = check_vllm_release(cfg.knobs) if knobs_file is not None else None
         specs = plan.server_specs(cfg, self.log_dir, knobs_file=knobs_file,
                                   state_dir=getattr(self.channel, "state_dir", None),
                                   dev_mode=self.dev_mode, roles=roles)
+        for spec in specs if verdict is not None else ():
+            spec.extra_env.update(build.env(verdict))  # the plugin applies the same verdict
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.channel.prepare(cfg)  # servers kept running acknowledge its new version too
         self._add(cfg, start_all(specs, cfg.startup_timeout_s))

@@ -167,26 +167,34 @@ def test_session_refuses_an_unknown_release_before_any_server_starts(monkeypatch
     from workbench.config import ConfigError, ExperimentConfig
     from workbench.knobs import release
 
-    monkeypatch.setattr(release, "vllm_version", lambda: "0.34.0")
+    monkeypatch.setattr(release, "vllm_version", lambda: "0.31.2")  # older than every entry
     started = []
     monkeypatch.setattr(server_set, "start_all", lambda *a, **k: started.append(a))
-    with experiment.Session(tmp_path) as s, pytest.raises(ConfigError, match="0.34.0"):
+    with experiment.Session(tmp_path) as s, pytest.raises(ConfigError, match="0.31.2"):
         s.ensure(ExperimentConfig())
     assert started == []
 
 
-def test_supported_versions():
-    """Both releases of the per-release table; anything else refused, naming both."""
+@pytest.mark.parametrize(("version", "entry", "source"), [
+    ("0.32.0+cpu", "0.32.0", "table"), ("0.33.0", "0.33.0", "table"),
+    ("0.32.1.dev1+g0000000", "0.32.0", "installed-source"),  # a build of main after 0.32.0
+    ("0.33.0rc1", "0.32.0", "installed-source"),  # a candidate precedes its release
+    ("0.33.0.dev7+gabcdef0", "0.32.0", "installed-source"),
+    ("0.33.1", "0.33.0", "installed-source"), ("0.40.0", "0.33.0", "installed-source"),
+])
+def test_a_version_uses_the_nearest_table_entry_at_or_below_it(version, entry, source):
     from workbench.knobs import release
 
-    assert release.SUPPORTED_VLLM == ("0.32.0", "0.33.0") == tuple(release.RELEASES)
-    assert release.check_version("0.32.0") == "0.32.0"
-    assert release.check_version("0.32.0+cpu") == "0.32.0+cpu"
-    assert release.check_version("0.33.0") == "0.33.0"
-    assert release.current("0.33.0+cpu").version == "0.33.0"  # a CPU 0.33.0 when one appears
-    for bad in ("0.31.2", "0.34.0", "0.33.1"):
-        with pytest.raises(RuntimeError, match=r"0\.32\.0, 0\.33\.0"):
-            release.check_version(bad)
+    assert release.table_entry(version) == (entry, source)
+    assert release.current(version).version == entry
+
+
+@pytest.mark.parametrize("old", ["0.31.2", "0.32.0rc1", "0.22.1"])
+def test_a_version_older_than_every_entry_is_refused_naming_the_entries(old):
+    from workbench.knobs import release
+
+    with pytest.raises(RuntimeError, match=r"older than every release .*0\.32\.0, 0\.33\.0"):
+        release.check_version(old)
 
 
 def test_release_table_picks_the_finalize_mechanism_per_release():

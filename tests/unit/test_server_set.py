@@ -65,7 +65,7 @@ def test_hub_models_are_fetched_before_any_server_starts_with_stand_ins(tmp_path
 
     order: list[str] = []
     monkeypatch.setattr(models, "fetch", lambda names: order.append(f"fetch {names}"))
-    monkeypatch.setattr(server_set, "check_vllm_release", lambda: None)
+    monkeypatch.setattr(server_set, "check_vllm_release", lambda knobs=None: None)
     def start_all(specs, timeout):
         order.append("start " + ",".join(s.role for s in specs))
         return [SimpleNamespace(spec=s, ready_seconds=0.0) for s in specs]

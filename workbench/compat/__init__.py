@@ -33,7 +33,7 @@ from .source import Source, WheelSource, fetch_wheel, installed_source
 
 RECORDS = DATA / "compat"
 CACHE = REPO / ".cache" / "compat"
-README = REPO / "README.md"
+README = REPO / "docs" / "releases.md"  # holds the compat table between its markers
 TABLE_BEGIN, TABLE_END = "<!-- compat-table:begin -->", "<!-- compat-table:end -->"
 KINDS = ("target", "order", "entry", "flag", "value", "env", "metric", "field")
 PROFILES = ("gpu", "gpu-single", "cpu")  # the GPU profiles, and the CPU's for a CPU 0.33.0
@@ -82,9 +82,10 @@ def check_wheel(version: str, cache: Path = CACHE) -> dict[str, Any]:
 
 
 def check_installed() -> dict[str, Any]:
-    """The same checks on the installed vLLM's files (the CPU release under ``make test``)."""
+    """The same checks on the installed vLLM's files (the CPU release under ``make test``),
+    with the table entry it uses (``knobs/release.table_entry``) where it is not a release."""
     version = releases.vllm_version()
-    return run_checks(version, installed_source(version))
+    return run_checks(releases.table_entry(version)[0], installed_source(version))
 
 
 def record_path(version: str, root: Path = RECORDS) -> Path:

