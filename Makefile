@@ -56,22 +56,26 @@ lock:
 clean:
 	rm -rf $(VENV) .pytest_cache
 
-# Acceptance under load: the fixed pipeline and one bug at 1..32 requests in flight.
+# Acceptance under load: the fixed pipeline and one bug at 1..32 requests in flight, 32 prompts
+# a point, as the committed data/load/ ran; its points' point.json records let a rerun over it
+# skip every point that ran with the same configuration, vLLM and model files.
+LOAD_PROMPTS ?= 32
 load: setup
-	$(PY) -m workbench sweep --grid load --out data/load
+	$(PY) -m workbench sweep --grid load --prompts $(LOAD_PROMPTS) --out data/load
 
 # Every supported vLLM release checked against its own CUDA wheel's source (pip download
-# --no-deps, cached in .cache/compat/): writes data/compat/vllm-<release>.json and the README's
-# compat table. `make test` runs the same checks on the installed release, with no download.
+# --no-deps, cached in .cache/compat/): writes data/compat/vllm-<release>.json and the compat
+# table in docs/releases.md. `make test` runs the same checks on the installed release, with no
+# download.
 COMPAT_VLLM ?= 0.32.0,0.33.0
 compat: setup
 	$(PY) -m workbench compat --vllm $(COMPAT_VLLM)
 
-# Every mechanism's KV signature: the default grid with the KV probe (README, "The KV probe").
+# Every mechanism's KV signature: the default grid with the KV probe (docs/kv-probe.md).
 kv-probe: setup
 	$(PY) -m workbench sweep --grid default --kv-probe --prompts 32 --out data/kv-probe
 
-# Old releases against the knobs (README, "Native bugs in old releases"): builds each release's
+# Old releases against the knobs (docs/releases.md): builds each release's
 # own environment under .venvs/ (uv; about 6 GB, once), runs it natively with the plugin
 # observe-only, runs the knob settings on the installed release on the same prompts, and writes
 # data/releases/results.csv and the native_vs_knob figures.

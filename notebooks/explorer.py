@@ -18,8 +18,10 @@
 # panel runs the baseline and the PD pipeline (P then D over NIXL) on the servers it keeps up,
 # and redraws per-position acceptance on D against the baseline (min-max over repeats) and
 # the results table. **Export** writes the figures (PNG/SVG/PDF, provenance in their metadata)
-# and the CSVs. ↻ marks settings that restart the servers; the knobs' meaning and the vLLM
-# source each one changes are in `tour.ipynb` and `workbench/knobs/spec.py`.
+# and the CSVs. ↻ marks settings that restart servers (`transfer`: P and D; k: all three);
+# the knobs' meaning and the vLLM source each one changes are in `tour.ipynb` and
+# `docs/knobs.md`. `profile` picks where the servers run: `cpu` (this machine), `gpu` or
+# `gpu-single` (`docs/gpu.md`), each with its own models, block size and default prompt set.
 #
 # Headless (`papermill -p interactive False`), the notebook runs each entry of `runs` through
 # the same code path as the Run button (`KnobExplorer.run_once`) and shows the figure and table.
@@ -27,9 +29,10 @@
 # %% tags=["parameters"]
 interactive = True  # False: run `runs` without widgets (papermill, CI)
 runs = [{}, {"block_handoff": "legacy"}]  # headless: one run per dict (knobs and/or controls)
+profile = "cpu"  # cpu, gpu or gpu-single: placement, flags, default models and prompt set
 num_prompts = 8
 max_tokens = 32
-prompt_set = "indomain"  # or random for a randomly initialised pair
+prompt_set = ""  # empty: the profile's; random for a randomly initialised pair
 repeats = 1
 k_p = 1  # P's num_speculative_tokens
 k_d = 3  # D's and the baseline's num_speculative_tokens
@@ -44,11 +47,18 @@ from pathlib import Path
 
 from IPython.display import Image, display
 
+from workbench.config import ExperimentConfig
 from workbench.widgets import KnobExplorer, notebook_config, open_session
 
 out = Path(out_dir)
-base = notebook_config(config, target=target, drafter=drafter, num_prompts=num_prompts,
-                       max_tokens=max_tokens, prompt_set=prompt_set, k_p=k_p, k_d=k_d)
+# What the profile changes from the plain defaults (a GPU profile: models, block size, prompt
+# set, lengths); `config` and the parameters above override it.
+plain = ExperimentConfig(require_models=False).to_dict()
+by_profile = {k: v for k, v in ExperimentConfig.for_profile(profile, require_models=False)
+              .to_dict().items() if v != plain[k]}
+base = notebook_config({**by_profile, **config}, target=target, drafter=drafter,
+                       num_prompts=num_prompts, max_tokens=max_tokens,
+                       prompt_set=prompt_set or None, k_p=k_p, k_d=k_d)
 session = open_session(attach, log_dir=out / "logs", baseline_cache=out / "baseline-cache")
 explorer = KnobExplorer(base, session, out_dir=out, echo=not interactive)
 explorer.set_values(repeats=repeats)

@@ -17,20 +17,26 @@
 # This notebook starts the real pipeline: a **prefill** vLLM server (P, EAGLE3 with
 # `k_p` draft tokens), a **decode** server (D, `k_d` draft tokens) that receives P's KV cache
 # over **NIXL**, and a **standalone baseline** server (same model pair and `k_d`, no PD).
-# Every prompt goes to the baseline, then through P and D (one at a time, greedy), and the
-# workbench reads the speculative-decoding counters from each server's `/metrics` before and
-# after each request. The number that matters is the **per-position acceptance on D**:
+# Every prompt goes to the baseline, then through P and D (greedy), up to `concurrency`
+# requests in flight on each side (32 unless `config` says otherwise). Each request's drafts
+# and accepted tokens come from its own response (vLLM's per-request spec-decode metrics), and
+# the workbench checks their sums against each server's `/metrics` counters, scraped before and
+# after each side's requests. The number that matters is the **per-position acceptance on D**:
 # at position *i*, the share of drafts whose tokens 0..*i* were all accepted. A correct PD
 # pipeline matches the baseline (and, greedy, its tokens).
 #
-# Then it runs the same prompts with one or more **knobs** set: each knob re-creates a
-# historical vLLM bug (or its fix) inside the servers' processes, and reads back what is in
-# force. The servers start once (30-45 s each on this CPU) and stay up for every later run.
+# Then it runs the same prompts with one or more **knobs** set: each knob switches one
+# mechanism inside the servers' processes (a historical vLLM bug, upstream's open fix for D's
+# first step, or the client's prompt), and reads back what is in force. The servers start
+# once and stay up for every later run. `profile` picks where they run: `cpu` (this machine),
+# `gpu` or `gpu-single` (`workbench/profiles.py`, `docs/gpu.md`), each with its own models,
+# block size and default prompt set.
 
 # %% tags=["parameters"]
+profile = "cpu"  # cpu, gpu or gpu-single: placement, flags, default models and prompt set
 num_prompts = 8  # prompts per run
 max_tokens = 32  # new tokens per request
-prompt_set = "indomain"  # indomain, mt_bench, badcase, lastblock, or random (random pair)
+prompt_set = ""  # indomain, mt_bench, badcase, lastblock, random; empty: the profile's
 target = ""  # target model directory; empty: data/models/target (the trained pair)
 drafter = ""  # EAGLE3 drafter directory; empty: data/models/drafter
 config = {}  # any other ExperimentConfig fields, e.g. {"k_d": 2}
@@ -48,6 +54,7 @@ import pandas as pd
 from IPython.display import display
 
 from workbench import kv_compare, kv_plots, plots
+from workbench.config import ExperimentConfig
 from workbench.experiment import with_knobs
 from workbench.knobs import spec
 from workbench.widgets import (
@@ -59,18 +66,26 @@ from workbench.widgets import (
 )
 
 out = Path(out_dir)
-cfg = notebook_config(config, target=target, drafter=drafter, num_prompts=num_prompts,
-                      max_tokens=max_tokens, prompt_set=prompt_set, label="all fixes in place")
+# What the profile changes from the plain defaults (a GPU profile: models, block size, prompt
+# set, lengths); `config` and the parameters above override it.
+plain = ExperimentConfig(require_models=False).to_dict()
+by_profile = {k: v for k, v in ExperimentConfig.for_profile(profile, require_models=False)
+              .to_dict().items() if v != plain[k]}
+cfg = notebook_config({**by_profile, **config}, target=target, drafter=drafter,
+                      num_prompts=num_prompts, max_tokens=max_tokens,
+                      prompt_set=prompt_set or None, label="all fixes in place")
 session = open_session(attach, log_dir=out / "logs", baseline_cache=out / "baseline-cache")
-print("target:", cfg.target, "| drafter:", cfg.drafter, "| k on P:", cfg.k_p, "| k on D:", cfg.k_d)
+print("profile:", cfg.profile, "| target:", cfg.target, "| drafter:", cfg.drafter,
+      "| k on P:", cfg.k_p, "| k on D:", cfg.k_d)
 print("server logs:", session.log_dir)
 
 # %% [markdown]
 # ## 1. Every fix in place: PD against the baseline
 #
-# The first run starts the three servers (about a minute here), then measures the baseline
-# and the PD pipeline on the same prompts. `result.json` keeps the configuration, the knob
-# values read back from each server, every request's counters and tokens.
+# The first run starts the three servers, then measures the baseline and the PD pipeline on
+# the same prompts. On this 2-core CPU the three servers took 52 to 106 s to start together in
+# the sweep-time measurements (`docs/performance.md`). `result.json` keeps the configuration,
+# the knob values read back from each server, every request's counters and tokens.
 
 # %%
 def report(phase, done, total):
@@ -92,10 +107,12 @@ show_figure(plots.per_position([fixed], out / "figures", stem="per_position_fixe
 # Each knob is switched inside the vLLM processes by the workbench's plugin
 # (`workbench/knobs/`, loaded through vLLM's `vllm.general_plugins` entry point in every
 # process). The values are read back from the processes, never echoed from the request.
-# The table below is generated from `workbench/knobs/spec.py`, the single list of knobs.
+# The table below is generated from `workbench/knobs/spec.py`, the single list of knobs (its
+# one instrument, `kv_probe`, observes and changes nothing: section 4). Details and how to add
+# a knob: `docs/knobs.md`.
 
 # %%
-knob_table()
+knob_table().loc[list(spec.settings())]
 
 # %% [markdown]
 # **`finalize`** (`deferred` / `eager`): when the KV connector is finalized in a step.
@@ -131,6 +148,15 @@ knob_table()
 # N a multiple of the block size; the `badcase` prompt set alternates in and out).
 # Runtime switch, no restart.
 #
+# **`load_step`** (`as-released` / `gated` / `gated-async`): D's first step after NIXL's
+# load. As released, the scheduler pads that one-token step with placeholder drafts
+# (`pad_spec_decode` in `Scheduler.schedule`, `vllm/v1/core/sched/scheduler.py`), so D counts
+# one all-rejected draft per request more than the baseline. `gated` is upstream's open fix
+# (vLLM PR #50173) as written: no padding and no lookahead on a *synchronous* external-load
+# step; NIXL loads asynchronously, so it never fires. `gated-async` applies the same gate to
+# the first step after an asynchronous load lands, and D's drafts equal the baseline's
+# (`docs/findings.md`). Acts on D's engine core. Runtime switch, no restart.
+#
 # **`blocks`** (`as-is` / `zeroed` / `dirty` / `poisoned`): what KV blocks hold when a request
 # gets them. vLLM allocates the KV cache with `torch.zeros`; zeroing on allocation exists but is
 # gated by `KVCacheConfig.needs_kv_cache_zeroing`, which drives
@@ -149,22 +175,27 @@ knob_table()
 # **`transfer`** (`direct` / `host-staged`): NIXL's `use_host_buffer` (`nixl/base_worker.py`,
 # `NixlBaseConnectorScheduler` / `NixlBaseConnectorWorker`). On the CPU, `host-staged` makes P
 # stage its KV through a host buffer as `kv_buffer_device: cpu` does on a GPU, which is where
-# eager finalize shows. **Needs a restart**: the staging buffer is allocated and registered with
-# NIXL when the connector is built (the workbench restarts the servers when it changes).
+# eager finalize shows. **Needs a restart** of P and D: the staging buffer is allocated and
+# registered with NIXL when the connector is built. The baseline has no KV connector and keeps
+# running.
 #
 # **`double_bos`** (`off` / `on`): a client-side bug: the prompt's token ids start with a second BOS
-# (a doubled BOS lowered acceptance by several percent in vLLM's own test). Runtime, no restart.
+# (a doubled BOS lowered acceptance by several percent in vLLM's own test). It acts in the
+# workbench's client, not in a server. Runtime, no restart.
 #
-# Which knobs restart the servers, straight from the spec:
+# Which knobs restart which servers, straight from the spec (a change of k, the models or the
+# block size restarts all three):
 
 # %%
-{name: k.restart for name, k in spec.KNOBS.items()}
+{name: ("restarts " + ", ".join(spec.KNOBS[name].roles)) if spec.KNOBS[name].restart
+ else "runtime" for name in spec.settings()}
 
 # %% [markdown]
 # ## 3. One knob set: the same prompts through a re-created bug
 #
-# The second run keeps the servers (no restart-time knob changed). The baseline is measured
-# once per prompt set and reused, except with `kv_probe`: the probe compares D with the
+# The second run keeps the servers (no restart-time knob changed). The session keeps the
+# baseline's rows and reuses them for a run with the same baseline server, prompts (their token
+# ids), `max_tokens` and concurrency, except with `kv_probe`: the probe compares D with the
 # baseline's own KV of this run, so the baseline runs again. `affected` marks the requests
 # whose length puts them in the bad case of the block hand-off.
 
@@ -213,7 +244,9 @@ if knobs and kv_probe:
 #
 # The results are in `out_dir` (`fixed/result.json`, `knobs/result.json`, `figures/`).
 # The explorer notebook (`explorer.ipynb`) sets every knob from a panel; the sweep
-# (`python -m workbench sweep`) runs a whole grid and writes the paper figures.
+# (`python -m workbench sweep`) runs a whole grid and writes the paper figures;
+# `python -m workbench check` re-runs every known finding on the installed vLLM build
+# (`docs/findings.md`, `docs/check.md`).
 # The next cell stops the servers (they are also stopped when the kernel exits).
 
 # %%
