@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from . import modelfiles, models, profiles
+from . import input_checks, modelfiles, models, profiles
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
 from .prompts import SOURCES as _PROMPT_SOURCES
@@ -89,8 +89,6 @@ class ExperimentConfig:
                 f"prompt set {self.prompt_set!r} is unknown; allowed: {', '.join(_PROMPT_SOURCES)} "
                 "(or pass prompt_file)"
             )
-        if self.prompt_file is not None and not Path(self.prompt_file).is_file():
-            raise ConfigError(f"prompt file {self.prompt_file!r} does not exist")
         _check_integers(self)
         if profiles.PROFILES[self.profile].device == "cpu" and self.block_size % 32:
             raise ConfigError(
@@ -113,6 +111,10 @@ class ExperimentConfig:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.knobs["kv_probe"] = "on" if self.kv_probe else "off"  # the field decides
+        try:  # what the fields point to: the prompt file, the models' config.json
+            input_checks.check(self)
+        except input_checks.InputError as e:
+            raise ConfigError(str(e)) from None
 
     # Fields that, when different, need different servers.
     SERVER_FIELDS = ("target", "drafter", "profile", "k_p", "k_d", "block_size",

@@ -87,6 +87,15 @@ def check_out_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
         raise RunDirError(f"{flag} {str(p)!r}: {str(probe)!r} is a file, not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise RunDirError(f"{flag} {str(p)!r}: {str(probe)!r} is not writable by this user")
+    # os.access answers yes to root everywhere, /proc and read-only mounts included: only
+    # creating something there tells (and the results are written at the end of the run).
+    try:
+        Path(tempfile.mkdtemp(prefix=".workbench-probe-", dir=probe)).rmdir()
+    except OSError as e:
+        what = "written" if probe == p else "created"
+        raise RunDirError(f"{flag} {str(p)!r} cannot be {what}: creating an entry in "
+                          f"{str(probe)!r} fails ({e.strerror}); allowed: a directory this "
+                          "user can create and write") from None
     return p
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import time
+from pathlib import Path
 
 import psutil
 from jupyter_core.utils import run_sync
@@ -58,3 +60,34 @@ def test_a_kernel_that_died_while_waiting_is_replaced():
     finally:
         starter.stop(km)
         starter.close()
+
+
+def test_a_kernel_talks_over_ipc_in_a_private_directory_and_listens_on_no_tcp_port():
+    """A local kernel needs no TCP: jupyter's default binds five unencrypted loopback ports
+    (any local user may connect; ipykernel warns at every start) and ipykernel one more for
+    forked children's output. Over IPC the kernel still runs code and sends its output."""
+    starter = KernelStarter(paths.REPO / "notebooks")
+    km = starter.take()
+    try:
+        info = km.get_connection_info()
+        sockets = Path(info["ip"]).parent
+        assert info["transport"] == "ipc", info
+        assert stat.S_IMODE(sockets.stat().st_mode) & 0o777 == 0o700  # (jupyter_client adds +t)
+        client = km.blocking_client()
+        client.start_channels()
+        client.wait_for_ready(timeout=120)
+        out: list[str] = []
+        reply = client.execute_interactive(
+            "print(6 * 7)", timeout=60,
+            output_hook=lambda m: out.append(m["content"].get("text", "")))
+        client.stop_channels()
+        assert reply["content"]["status"] == "ok" and "42" in "".join(out)
+        kernel = psutil.Process(pid_of(km))
+        assert kernel.net_connections(kind="inet") == []  # nothing on TCP or UDP at all
+        bound = {c.laddr for c in kernel.net_connections(kind="unix")}
+        ports = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+        assert {f"{info['ip']}-{info[p]}" for p in ports} <= bound, bound
+    finally:
+        starter.stop(km)
+        starter.close()
+    assert not sockets.exists(), "close left the sockets' directory behind"
