@@ -4,15 +4,18 @@ Each test imports the installed vLLM and checks, for the installed release's ent
 ``workbench/knobs/release.RELEASES``, that the methods a mechanism's ``*_TARGETS`` tuple names
 exist with the parameters the wrappers expect and that the source facts of its ``*_SOURCE``
 tuple (call orders included) hold, through vLLM's own imports (``tests/pins/test_compat.py``
-runs the same table through ``compat``'s static reader). The Model Runner V2 ones
+runs the same table through ``compat``'s static reader); every patch set of the entry is
+pinned (``test_every_patch_set_of_the_installed_release_is_pinned``). The Model Runner V2 ones
 (``..._stand_in_for_gpu_no_gpu``) check source and run wrappers on fake connectors only: that
-runner needs a GPU (Triton) and cannot run here.
+runner needs a GPU (Triton) and cannot run here; 0.33.0's, not installed, runs on a stand-in
+checked against 0.33.0's wheel where ``make compat`` cached it.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import re
 
 import pytest
 
@@ -114,6 +117,20 @@ def test_mrv2_blocks_targets_stand_in_for_gpu_no_gpu():
 
 def test_transfer_targets():
     _pin("transfer")
+
+
+def _patch_set_keys() -> list[str]:
+    from workbench.knobs import release
+
+    return sorted(release.current().patches)
+
+
+@pytest.mark.parametrize("key", _patch_set_keys())
+def test_every_patch_set_of_the_installed_release_is_pinned(key):
+    """The table's every entry for the installed release, the ones named above and any added
+    later: its targets and source facts hold through vLLM's own imports."""
+    mechanism, _, runner = key.partition("/")
+    _pin(mechanism, runner or None)
 
 
 def test_worker_and_runner_hooks():
@@ -291,6 +308,65 @@ def test_mrv2_033_eager_forces_defer_off_and_skips_finalize_step_no_gpu(unpatch)
     calls = []
     _Mrv2Connector033(calls).post_forward({"r1"})  # no_forward's call: nothing forced
     assert calls == ["wait_for_save", "clear_connector_metadata"]
+
+
+def _calls_of(text: str, guard: str = "") -> list[str]:
+    """The ``self.kv_connector.<method>(`` calls in a function's text (those right under
+    ``guard`` when given), in order."""
+    return re.findall(re.escape(guard) + r"\s*self\.kv_connector\.(\w+)\(", text)
+
+
+def _in_order(text: str, snippets: list[str]) -> bool:
+    at = 0
+    for snippet in snippets:
+        at = text.find(snippet, at)
+        if at < 0:
+            return False
+        at += len(snippet)
+    return True
+
+
+def test_the_033_stand_in_is_vllm_033s_class_no_gpu():
+    """``_Mrv2Connector033`` and ``_step_033`` model 0.33.0's ActiveKVConnector and
+    GPUModelRunner.sample_tokens; checked here against 0.33.0's own source, read from the
+    wheel ``make compat`` caches (skipped where it has not run): the same parameters, the same
+    connector calls with and without defer_finalize, and the runner's call order."""
+    from workbench.compat import CACHE
+    from workbench.compat.source import WheelSource, def_text, find_def, params
+
+    wheels = sorted(CACHE.glob("vllm-0.33.0-*.whl"))
+    if not wheels:
+        pytest.skip(f"no vLLM 0.33.0 wheel in {CACHE}: `make compat` downloads it")
+    src = WheelSource(wheels[-1])
+
+    def real(module: str, qual: str):
+        found = find_def(src, module, qual)
+        assert found is not None, f"0.33.0 has no {module}:{qual}"
+        return found[0], def_text(src, *found)
+
+    kv = "vllm.v1.worker.gpu.kv_connector"
+    for name in ("post_forward", "finalize_step"):
+        node, _ = real(kv, f"ActiveKVConnector.{name}")
+        model = list(inspect.signature(getattr(_Mrv2Connector033, name)).parameters)
+        assert params(node) == model, f"{name}: vLLM {params(node)}, stand-in {model}"
+    _, post = real(kv, "ActiveKVConnector.post_forward")
+    _, fin = real(kv, "ActiveKVConnector.finalize_step")
+    for defer in (False, True):
+        calls: list[str] = []
+        _Mrv2Connector033(calls).post_forward({"r1"}, defer_finalize=defer)
+        assert calls == ([] if defer else _calls_of(post, "if not defer_finalize:")), defer
+    calls = []
+    _Mrv2Connector033(calls).finalize_step()
+    assert calls == _calls_of(fin)
+
+    _, step = real("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.sample_tokens")
+    assert _in_order(step, ["defer_kv_finalize = self.speculator is not None",
+                            "self.kv_connector.post_forward(",
+                            "defer_finalize=defer_kv_finalize", "self.speculator.propose(",
+                            "if defer_kv_finalize:", "self.kv_connector.finalize_step()"])
+    assert _in_order(inspect.getsource(_step_033), [
+        "conn.post_forward(", "defer_finalize=True", "speculator.propose",
+        "conn.finalize_step()"])
 
 
 def test_mrv2_defer_wrappers_on_the_installed_active_kv_connector_no_gpu(unpatch):
