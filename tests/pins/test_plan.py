@@ -95,14 +95,64 @@ def test_gpu_results_get_pass_fail_against_vllms_reference_no_gpu():
     assert "baseline_vs_expected" not in cpu  # no reference figures for the CPU models
 
 
-def test_the_client_keeps_no_idle_connection_for_vllm_to_close_under_a_request():
-    """vLLM's HTTP server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds
-    (vllm/envs.py, 5 by default); a client that reuses one at that edge gets httpx.ReadError.
-    The workbench's client keeps none (``experiment.client_limits``)."""
+async def _client_against_uvicorn(concurrency: int, keep_alive_s: float) -> dict:
+    """The measurement client (``experiment.client_limits``) against uvicorn, the server vLLM
+    runs, with a short keep-alive. Returns the client port of each sequential request, and
+    whether ``2 * concurrency`` requests (both sides' requests in flight) were open at once."""
+    import asyncio
+
+    import httpx
+    import uvicorn
+
+    peers: list[int] = []
+    arrived = [0]
+    all_in = asyncio.Event()
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/hold":  # answers once every request in flight has arrived
+            arrived[0] += 1
+            if arrived[0] == 2 * concurrency:
+                all_in.set()
+            await asyncio.wait_for(all_in.wait(), 10)
+        else:
+            peers.append(scope["client"][1])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                           timeout_keep_alive=keep_alive_s, lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    try:
+        async with httpx.AsyncClient(timeout=5,
+                                     limits=experiment.client_limits(concurrency)) as client:
+            for pause in (0, 0.1, keep_alive_s, keep_alive_s / 2):  # idle, at and past the edge
+                await asyncio.sleep(pause)
+                (await client.get(url + "/")).raise_for_status()
+            together = await asyncio.gather(
+                *(client.get(url + "/hold") for _ in range(2 * concurrency)),
+                return_exceptions=True)
+    finally:
+        server.should_exit = True
+        await task
+    return {"peers": peers, "together": [getattr(r, "status_code", repr(r)) for r in together]}
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_the_client_keeps_no_idle_connection_for_vllm_to_close_under_a_request(concurrency):
+    """vLLM's HTTP server (uvicorn) closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+    seconds (vllm/envs.py, 5 by default); a client that reuses one at that edge gets
+    httpx.ReadError. The workbench's client (``experiment.client_limits``) reuses none: every
+    request comes from a connection of its own; and both sides' requests fit in it at once."""
+    import asyncio
+
     import vllm.envs
 
     assert "VLLM_HTTP_TIMEOUT_KEEP_ALIVE" in vllm.envs.environment_variables
-    for concurrency in (1, 32):
-        limits = experiment.client_limits(concurrency)
-        assert limits.max_keepalive_connections == 0
-        assert limits.max_connections == 2 * concurrency + 4  # both sides' requests in flight
+    seen = asyncio.run(_client_against_uvicorn(concurrency, keep_alive_s=0.5))
+    assert len(seen["peers"]) == 4 and len(set(seen["peers"])) == 4, seen  # none reused
+    assert seen["together"] == [200] * 2 * concurrency, seen
