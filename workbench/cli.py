@@ -358,6 +358,45 @@ def _compat_args(cp: argparse.ArgumentParser) -> None:
     cp.add_argument("--no-readme", action="store_true", help="leave the README table alone")
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Every finding on the installed build (``workbench/findings/check.py``)."""
+    from .findings import check
+
+    command = " ".join(shlex.quote(a) for a in ["python", "-m", "workbench", *sys.argv[1:]])
+    urls = parse_attach(args.attach)
+    if urls:
+        check_attach(urls)
+    return check.main(args, command, urls)
+
+
+def _add_check(sub) -> None:
+    cp = sub.add_parser(
+        "check", help="run every known finding on the installed vLLM build (any build: a "
+        "version the release table lacks uses its nearest entry at or below it) and print "
+        "finding, verdict, evidence, controls, seconds; exit 0 when every verdict equals the "
+        "expectation, 1 when one differs, 2 on bad input",
+        description="Run the workbench's findings on the installed vLLM (point it at your own "
+        "build by installing it into this environment or putting its directory first on "
+        "PYTHONPATH). Exit status: 0 every verdict equals the expectation, 1 one differs, "
+        "2 bad input.")
+    cp.add_argument("--out", required=True, help="directory for check.json and each run's "
+                    "result.json (runs/)")
+    cp.add_argument("--only", help="comma-separated finding ids (default: all)")
+    cp.add_argument("--expect", help="expected verdicts (default: "
+                    "data/findings/expected-<table entry>.json)")
+    cp.add_argument("--junit", help="also write JUnit XML here (one test case per finding)")
+    cp.add_argument("--report", help="write an issue-ready DIR/<id>.md per present finding, "
+                    "and DIR/summary.md")
+    cp.add_argument("--profile", default="cpu", help="cpu (default) or gpu")
+    cp.add_argument("--attach", help="use running servers: p=URL,d=URL[,baseline=URL]; "
+                    "findings that need other server fields say not-applicable")
+    cp.add_argument("--knobs-file", help="attach mode: the servers' WORKBENCH_KNOBS_FILE")
+    cp.add_argument("--state-dir", help="attach mode: the servers' WORKBENCH_KNOBS_STATE_DIR")
+    cp.add_argument("--log-dir", default=None, help="server logs (default: a private "
+                    "temporary directory, kept if a run fails)")
+    cp.set_defaults(func=cmd_check)
+
+
 def cmd_releases(args: argparse.Namespace) -> int:
     """Old releases natively beside the knobs (``workbench/releases/run.py``)."""
     from .releases import run
@@ -451,6 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--log-dir", default="/tmp/workbench-plan", help="where logs would go")
     pl.set_defaults(func=cmd_plan)
     _add_compat(sub)
+    _add_check(sub)
     _add_releases(sub)
     return ap
 

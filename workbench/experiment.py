@@ -316,7 +316,8 @@ def _row(p: prompt_sets.Prompt, cfg: ExperimentConfig) -> dict[str, Any]:
     lookahead = cfg.k_p if cfg.knobs["prefill_lookahead"] == "default" else 0
     return {"id": p.id, "prompt_len": n, "prompt_len_mod_block": n % cfg.block_size,
             "affected": prompt_sets.bad_case(n, lookahead, cfg.block_size),
-            "prime_d": p.prime_d, "source": p.source}
+            "prime_d": p.prime_d, "source": p.source,
+            "prompt_token_ids": list(p.token_ids)}  # what was sent: reports replay it
 
 
 def _default_command() -> str:

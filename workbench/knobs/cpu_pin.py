@@ -50,4 +50,5 @@ def restore() -> dict[str, list[int] | None]:
     want = parse_cpus(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""))
     if os.environ.get(ENV) == "1" and want and set(before) != want:
         os.sched_setaffinity(0, want)
-    return {"main_thread_cpus_vllm": before, "main_thread_cpus": sorted(os.sched_getaffinity(0))}
+    return {"main_thread_cpus_vllm": before, "main_thread_cpus": sorted(os.sched_getaffinity(0)),
+            "omp_threads_bind": sorted(want) if want else None}

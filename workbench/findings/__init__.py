@@ -1,0 +1,33 @@
+"""The workbench's findings, one module each, registered here in the order ``check`` runs them.
+
+Regressions (``unclipped_handoff``, ``stale_last_block``, ``eager_finalize_host_staged``,
+``double_bos``) are bugs the knobs re-create: their as-released run must stay ``absent``, and
+the knob is their positive control.
+
+``python -m workbench check`` runs them on the installed vLLM build (``check.py``); each
+finding's module says what vLLM does and where, the experiment that shows it and its detector
+(``finding.Finding``).
+"""
+
+from __future__ import annotations
+
+from . import (
+    chunked_prefill_drafter_kv,
+    double_bos,
+    eager_finalize_host_staged,
+    nixl_cpu_forward_thread,
+    padded_load_step,
+    stale_last_block,
+    unclipped_handoff,
+)
+from .finding import Finding
+
+FINDINGS: dict[str, Finding] = {f.id: f for f in (
+    padded_load_step.FINDING,
+    nixl_cpu_forward_thread.FINDING,
+    unclipped_handoff.FINDING,
+    stale_last_block.FINDING,
+    double_bos.FINDING,
+    chunked_prefill_drafter_kv.FINDING,
+    eager_finalize_host_staged.FINDING,
+)}

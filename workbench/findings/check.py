@@ -1,0 +1,288 @@
+"""``python -m workbench check``: every finding on the installed vLLM build, with its controls.
+
+Runs are planned first (each finding's own run and its controls, as ``ExperimentConfig``s),
+identical configs run once, and runs are ordered by server shape so that one ``Session``
+restarts servers only where a finding needs other server fields (a token budget, the padded
+drafter batch, host staging). Each run's ``result.json`` is kept under ``DIR/runs/``; the
+verdicts go to ``DIR/check.json`` (and JUnit XML), and the exit code compares them with the
+committed expectations of the build's table entry.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, ExperimentConfig
+from ..knobs import spec as knob_spec
+from ..paths import DATA
+from ..provenance import atomic_write_json
+from . import FINDINGS
+from .finding import ABSENT, BROKEN, INCONCLUSIVE, NOT_APPLICABLE, PRESENT, Finding
+
+EXPECTED = DATA / "findings"
+# Small runs: every finding's signal is per request, so 8 prompts of 32 tokens show it.
+BASE = {"num_prompts": 8, "max_tokens": 32, "concurrency": 8}
+CONTROLS = {"positive": PRESENT, "negative": ABSENT}
+
+
+@dataclass
+class Outcome:
+    """One finding's answer, as ``check.json`` holds it."""
+
+    id: str
+    verdict: str
+    expected: str | None
+    evidence: dict[str, Any]
+    controls: dict[str, dict[str, Any]]
+    seconds: float
+    results: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == NOT_APPLICABLE or self.verdict == self.expected
+
+
+def select(only: str | None) -> list[Finding]:
+    """The findings ``--only`` names (all when None); an unknown id is refused by name."""
+    if not only:
+        return list(FINDINGS.values())
+    ids = [s.strip() for s in only.split(",") if s.strip()]
+    unknown = [i for i in ids if i not in FINDINGS]
+    if unknown:
+        raise ConfigError(f"--only {','.join(unknown)}: no such finding; known: "
+                          f"{', '.join(FINDINGS)}")
+    return [FINDINGS[i] for i in ids]
+
+
+def config_for(f: Finding, overrides: dict | None, base: dict) -> ExperimentConfig:
+    """The finding's experiment with ``overrides`` (fields; ``knobs`` merged) over ``base``."""
+    over = dict(overrides or {})
+    knobs = {**f.experiment.get("knobs", {}), **over.pop("knobs", {})}
+    fields = {**BASE, **base, **{k: v for k, v in f.experiment.items() if k != "knobs"}, **over}
+    profile = fields.pop("profile", "cpu")
+    return ExperimentConfig.for_profile(profile, **fields, knobs=knobs)
+
+
+def runs_of(f: Finding, base: dict) -> dict[str, ExperimentConfig]:
+    """``main``, each control that is a run of its own, and each ``also`` run."""
+    out = {"main": config_for(f, None, base)}
+    for which in CONTROLS:
+        over = getattr(f, which)
+        if over is not None:
+            out[which] = config_for(f, over, base)
+    out.update({label: config_for(f, over, base) for label, over in f.also.items()})
+    return out
+
+
+def key(cfg: ExperimentConfig) -> str:
+    return json.dumps({k: v for k, v in cfg.to_dict().items() if k != "label"}, sort_keys=True)
+
+
+def shape(cfg: ExperimentConfig) -> tuple:
+    return tuple(cfg.server_key(r) for r in ("p", "d", "baseline"))
+
+
+def not_applicable(f: Finding, cfgs: dict[str, ExperimentConfig], profile: str,
+                   attached: bool, default: ExperimentConfig) -> str | None:
+    """Why ``f`` cannot run here: another profile, or (attach mode) server fields or
+    restart-time knobs the attached servers cannot be given."""
+    if f.profiles and profile not in f.profiles:
+        return f"applies to the {', '.join(f.profiles)} profile only, not {profile}"
+    if not attached:
+        return None
+    restart = knob_spec.restart_knobs()
+    for cfg in cfgs.values():
+        fields = [n for n in (*ExperimentConfig.SERVER_FIELDS, "max_num_batched_tokens")
+                  if getattr(cfg, n) != getattr(default, n)]
+        fields += [f"knob {n}" for n in restart if cfg.knobs[n] != default.knobs[n]]
+        if fields:
+            return (f"needs servers started with {', '.join(fields)} set; attach mode uses the "
+                    "running servers as they are")
+    return None
+
+
+def plan(findings: list[Finding], base: dict, attached: bool, refused=lambda cfg: None
+         ) -> tuple[list[tuple[str, ExperimentConfig]], dict[str, dict], dict[str, str]]:
+    """(the runs in execution order, each finding's {which: run key}, not-applicable reasons).
+    ``refused(cfg)``: why this build cannot run ``cfg`` (a knob whose checks fail), or None."""
+    default = config_for(Finding("", "", "", "", {}, lambda r: (INCONCLUSIVE, {}), None, None),
+                         None, base)
+    profile = default.profile
+    uses, skipped, unique = {}, {}, {}
+    for f in findings:
+        cfgs = runs_of(f, base)
+        why = not_applicable(f, cfgs, profile, attached, default) or next(
+            (r for c in cfgs.values() if (r := refused(c)) is not None), None)
+        if why is not None:
+            skipped[f.id] = why
+            continue
+        uses[f.id] = {which: key(c) for which, c in cfgs.items()}
+        for c in cfgs.values():
+            unique.setdefault(key(c), c)
+    shapes: dict[tuple, int] = {}
+    for c in unique.values():
+        shapes.setdefault(shape(c), len(shapes))
+    order = sorted(unique.items(), key=lambda kv: shapes[shape(kv[1])])
+    return order, uses, skipped
+
+
+def _control(f: Finding, which: str, main: tuple[str, dict], result: dict | None) -> dict:
+    want = CONTROLS[which]
+    detect = f.negative_detect if which == "negative" and f.negative_detect else f.detect
+    if getattr(f, which) is None:  # the finding's own run is this control
+        ok = main[0] == want
+        return {"verdict": main[0] if ok else None, "ok": True if ok else None,
+                "run": "main", **({} if ok else {"why": "no knob re-creates this independently "
+                                                       "of the build; its own run serves"})}
+    if result is None:
+        return {"verdict": None, "ok": False, "why": "its run failed"}
+    v, ev = detect(result)
+    return {"verdict": v, "ok": v == want, "evidence": ev}
+
+
+def judge(f: Finding, results: dict[str, dict | None], expected: str | None, seconds: float,
+          paths: list[str]) -> Outcome:
+    """The finding's verdict from its runs' results: its own, unless a control misbehaved."""
+    main_result = results.get("main")
+    main = f.detect(main_result) if main_result else (INCONCLUSIVE, {"error": "its run failed"})
+    controls = {w: _control(f, w, main, results.get(w)) for w in CONTROLS}
+    evidence = dict(main[1])
+    if f.also:
+        evidence["also"] = {label: dict(zip(("verdict", "evidence"), f.detect(r), strict=True))
+                            if r else {"verdict": None, "why": "its run failed"}
+                            for label, r in ((lb, results.get(lb)) for lb in f.also)}
+    verdict = BROKEN if any(c["ok"] is False for c in controls.values()) else main[0]
+    return Outcome(f.id, verdict, expected, evidence, controls, round(seconds, 1), paths)
+
+
+def expectations(path: Path | None, entry: str) -> tuple[Path, dict]:
+    p = Path(path) if path else EXPECTED / f"expected-{entry}.json"
+    if not p.is_file():
+        raise ConfigError(f"--expect {p}: no such file; committed: "
+                          f"{', '.join(x.name for x in sorted(EXPECTED.glob('expected-*.json')))}")
+    return p, json.loads(p.read_text())
+
+
+def execute(session, order, uses, out: Path, command: str,
+            progress=print) -> tuple[dict[str, dict | None], dict[str, float], dict[str, str]]:
+    """Run each planned config once; a failed run keeps what was measured and the rest go on."""
+    results, seconds, paths = {}, {}, {}
+    for i, (k, cfg) in enumerate(order):
+        name = next(f"{fid}-{w}".replace(" ", "_").replace("=", "-").replace("(", "")
+                    .replace(")", "").replace("#", "")
+                    for fid, m in uses.items() for w, kk in m.items() if kk == k)
+        run_dir = out / "runs" / name[:80]
+        progress(f"[check] run {i + 1}/{len(order)}: {name}")
+        t0 = time.monotonic()
+        try:
+            results[k] = session.run(cfg, out_dir=run_dir, command=command).to_dict()
+        except Exception as e:  # noqa: BLE001 - one failed run makes its findings inconclusive
+            progress(f"[check] {name} failed: {type(e).__name__}: {e}")
+            results[k] = None
+        seconds[k], paths[k] = time.monotonic() - t0, str(run_dir / "result.json")
+    return results, seconds, paths
+
+
+def outcomes(findings, uses, skipped, results, seconds, paths, expected) -> list[Outcome]:
+    out, charged = [], set()
+    for f in findings:
+        exp = expected.get(f.id)
+        if f.id in skipped:
+            out.append(Outcome(f.id, NOT_APPLICABLE, exp, {"why": skipped[f.id]}, {}, 0.0))
+            continue
+        runs = uses[f.id]
+        secs = sum(seconds.get(k, 0.0) for k in set(runs.values()) - charged)
+        charged |= set(runs.values())
+        out.append(judge(f, {w: results.get(k) for w, k in runs.items()}, exp, secs,
+                         sorted({paths[k] for k in runs.values() if k in paths})))
+    return out
+
+
+def write(out: Path, build: dict, outs: list[Outcome], command: str, expect_file: Path,
+          junit: Path | None) -> Path:
+    doc = {"build": build, "command": command, "expect": str(expect_file),
+           "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "ok": all(o.ok for o in outs), "findings": [asdict(o) for o in outs]}
+    path = atomic_write_json(out / "check.json", doc, indent=1, sort_keys=False)
+    if junit is not None:
+        write_junit(Path(junit), build, outs)
+    return path
+
+
+def write_junit(path: Path, build: dict, outs: list[Outcome]) -> None:
+    """One test case per finding: a failure when its verdict is not the expected one,
+    skipped when it does not apply here."""
+    suite = ET.Element("testsuite", name=f"workbench check, vLLM {build.get('version')}",
+                       tests=str(len(outs)), failures=str(sum(not o.ok for o in outs)),
+                       skipped=str(sum(o.verdict == NOT_APPLICABLE for o in outs)),
+                       time=str(round(sum(o.seconds for o in outs), 1)))
+    for o in outs:
+        case = ET.SubElement(suite, "testcase", classname="workbench.findings", name=o.id,
+                             time=str(o.seconds))
+        if o.verdict == NOT_APPLICABLE:
+            ET.SubElement(case, "skipped", message=o.evidence.get("why", ""))
+        elif not o.ok:
+            ET.SubElement(case, "failure", message=f"verdict {o.verdict}, expected {o.expected}"
+                          ).text = json.dumps({"evidence": o.evidence, "controls": o.controls})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def table(outs: list[Outcome]) -> str:
+    """The one table ``check`` prints."""
+    head = f"{'finding':30} {'verdict':16} {'expected':13} {'controls':10} {'s':>6}  evidence"
+    lines = [head, "-" * len(head)]
+    for o in outs:
+        ctl = "/".join({True: "ok", False: "BAD", None: "n/a"}[c["ok"]]
+                       for c in o.controls.values()) or "-"
+        ev = ", ".join(f"{k}={v}" for k, v in o.evidence.items()
+                       if isinstance(v, (int, float, str)) and k != "why")[:70]
+        mark = "" if o.ok else "  <-- differs"
+        lines.append(f"{o.id:30} {o.verdict:16} {o.expected or '?':13} {ctl:10} "
+                     f"{o.seconds:6.0f}  {ev or o.evidence.get('why', '')}{mark}")
+    return "\n".join(lines)
+
+
+def main(args, command: str, urls: dict[str, str] | None) -> int:
+    """The ``check`` command (``urls``: attach mode's servers, already found answering): 0 when
+    every verdict is the expected one, 1 when one differs."""
+    from .. import experiment, rundir
+    from ..compat import build
+    from ..server_set import check_vllm_release
+
+    findings = select(args.only)
+    out = rundir.check_out_dir(args.out)
+    b = experiment.local_build() if urls else check_vllm_release()
+    if b is None:
+        raise ConfigError("check --attach needs the vLLM build the servers run installed here "
+                          "too: its table entry names the expectations")
+    expect_file, expected = expectations(args.expect, b.table_entry)
+    order, uses, skipped = plan(findings, {"profile": args.profile}, bool(urls),
+                                lambda cfg: build.refusal(b, cfg.knobs))
+    if urls:
+        session = experiment.Session.attach(urls, knobs_file=args.knobs_file,
+                                            state_dir=args.state_dir)
+    else:
+        session = experiment.Session(args.log_dir)
+    t0 = time.monotonic()
+    with session:
+        results, seconds, paths = execute(session, order, uses, out, command)
+    outs = outcomes(findings, uses, skipped, results, seconds, paths,
+                    expected.get("findings", {}))
+    write(out, {**b.record(), "expect_verified": expected.get("verified")}, outs, command,
+          expect_file, args.junit)
+    print(table(outs))
+    print(f"vLLM {b.version} ({b.source}, entry {b.table_entry}); {len(order)} runs in "
+          f"{time.monotonic() - t0:.0f} s; wrote {out / 'check.json'}")
+    if args.report:
+        from .report import write_reports
+
+        for p in write_reports(Path(args.report), outs, b, results, uses, command):
+            print(f"wrote {p}")
+    return 0 if all(o.ok for o in outs) else 1
