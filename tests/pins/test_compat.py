@@ -38,6 +38,28 @@ def test_every_release_of_the_table_has_a_passing_record(records):
         assert len(r["sha256"]) == 64
 
 
+def test_each_table_entry_is_what_its_release_was_checked_for(records):
+    """What ``release.RELEASES`` pins per release is what that release's committed record
+    checked, and found: every patch set's every target (with the parameters its wrapper
+    expects) and every source fact, named as the table writes them; and the function that
+    installs a patch set, where the table names one, exists."""
+    from workbench.knobs.component import resolve
+
+    for version, rel in release.RELEASES.items():
+        passed = {(c["kind"], c["name"]) for c in records[version]["checks"] if c["ok"]}
+        where = f"data/compat/vllm-{version}.json"
+        for key, ps in rel.patches.items():
+            for module, cls, attr, expected in resolve(ps.targets):
+                shown = f"({', '.join(expected)})" if expected is not None else ""
+                name = f"{module}:{cls + '.' if cls else ''}{attr}{shown}"
+                assert ("target", name) in passed, f"{version} {key}: {name} not passed in {where}"
+            for module, qual, snippets in resolve(ps.source) if ps.source else ():
+                name = f"{module}:{qual}: " + " < ".join(snippets)
+                assert ("order", name) in passed, f"{version} {key}: {name} not passed in {where}"
+            if ps.install:
+                assert callable(resolve(ps.install)), f"{version} {key}: {ps.install}"
+
+
 def test_records_hold_exactly_the_current_checks(records):
     """A record made before a check was added (or a target changed) is stale: rerun
     ``make compat``."""
