@@ -9,7 +9,7 @@ STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases
+.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases check check-devbuild
 
 setup: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): requirements/cpu.txt requirements/dev.txt pyproject.toml
 	touch $@
 
 test: setup lint
-	$(PY) -m pytest -v --timeout=600 --durations=20 -m "not browser" $(PYTEST_ARGS) tests
+	$(PY) -m pytest -v --timeout=600 --durations=20 -m "not browser and not devbuild" $(PYTEST_ARGS) tests
 
 # ruff with the rules in pyproject.toml ([tool.ruff]); part of `make test`.
 lint: setup
@@ -82,3 +82,16 @@ kv-probe: setup
 RELEASE ?= 0.24.0
 releases: setup
 	$(PY) -m workbench releases --vllm $(RELEASE)
+
+# The known findings on the installed vLLM build (any build: see `python -m workbench check
+# --help`): the table, CHECK_OUT/check.json, JUnit XML and issue-ready reports; exit 1 when a
+# verdict differs from data/findings/expected-<table entry>.json.
+CHECK_OUT ?= data/findings/check
+check: setup
+	$(PY) -m workbench check --out $(CHECK_OUT) --junit $(CHECK_OUT)/junit.xml --report $(CHECK_OUT)/reports
+
+# A dev build for real: the installed vLLM laid out as 0.32.1.dev1+g0000000 with the
+# padded-load-step fix applied (python -m workbench.devbuild), checked live; and one with a patch
+# target removed, refused before any server starts. Longer than `make test` allows.
+check-devbuild: setup
+	$(PY) -m pytest -v --timeout=1800 -m devbuild tests

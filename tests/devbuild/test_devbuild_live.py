@@ -1,0 +1,63 @@
+"""A vLLM that is not a release, for real (``make check-devbuild``): the installed 0.32.0 laid
+out as 0.32.1.dev1+g0000000 with one source change, put first on the servers' PYTHONPATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workbench import devbuild
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from test_build import PATCHES, rename_param_patch
+
+pytestmark = [pytest.mark.vllm, pytest.mark.devbuild]
+
+
+def workbench(build: Path, *argv: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(build)}
+    return subprocess.run([sys.executable, "-m", "workbench", *argv], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_the_fix_in_a_dev_build_makes_padded_load_step_absent(tmp_path):
+    dev = devbuild.make(tmp_path / "dev", patches=[PATCHES / "padded-load-step.patch"])
+    expect = tmp_path / "expect.json"
+    expect.write_text(json.dumps({"findings": {"padded-load-step": "absent"}}))
+    p = workbench(dev, "check", "--only", "padded-load-step", "--out", str(tmp_path / "o"),
+                  "--expect", str(expect))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "all 55 patch checks of that entry pass" in p.stderr or "patch checks" in p.stderr
+    doc = json.loads((tmp_path / "o" / "check.json").read_text())
+    assert doc["build"]["version"] == devbuild.DEV_VERSION
+    assert doc["build"]["source"] == "installed-source" and doc["build"]["commit"] == "0000000"
+    assert doc["build"]["checks_passed"] == doc["build"]["checks_total"]
+    f = doc["findings"][0]
+    assert f["verdict"] == "absent" and f["evidence"]["extra_drafts"] == 0, f
+    assert f["controls"]["negative"]["ok"] is True
+    run = json.loads(Path(f["results"][0]).read_text())
+    assert run["vllm_build"]["version"] == devbuild.DEV_VERSION
+
+
+def test_a_build_missing_a_patch_target_refuses_that_knob_and_runs_without_it(tmp_path):
+    dev = devbuild.make(tmp_path / "dev", patches=[rename_param_patch(tmp_path)])
+    t0 = time.monotonic()
+    p = workbench(dev, "run", "--knob", "block_handoff=legacy", "--prompts", "2", "--out",
+                  str(tmp_path / "refused"), timeout=300)
+    assert p.returncode == 2 and time.monotonic() - t0 < 120, p.stderr[-2000:]
+    assert "block_handoff=legacy refused" in p.stderr
+    assert "get_block_ids_for_computed_tokens" in p.stderr and "Traceback" not in p.stderr
+    p = workbench(dev, "run", "--prompts", "2", "--max-tokens", "8", "--out",
+                  str(tmp_path / "ran"))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    r = json.loads((tmp_path / "ran" / "result.json").read_text())
+    b = r["vllm_build"]
+    assert (b["source"], b["table_entry"]) == ("installed-source", "0.32.0")
+    assert b["checks_passed"] == b["checks_total"] - 2 and r["token_agreement"] == 1.0
+    assert r["knobs"]["p"]["block_handoff"] == "clipped"  # left uninstalled, vLLM's own
