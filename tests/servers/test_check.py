@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,20 @@ def test_the_report_of_a_present_finding_reproduces_without_the_workbench(checke
     assert m and int(m.group(1)) == int(m.group(2)) > 0, p.stdout[-2000:]
     result = json.loads(p.stdout[:p.stdout.rindex("}") + 1])
     assert all(r["d"]["per_step_accepted"][0] == 0 for r in result["requests"])
+
+
+def test_the_findings_notebook_runs_check_headless_and_shows_the_verdicts(tmp_path):
+    """notebooks/findings.ipynb with papermill parameters, as a sweep's notebooks run."""
+    import papermill as pm
+
+    nb = Path(__file__).resolve().parents[2] / "notebooks"
+    out = tmp_path / "findings.out.ipynb"
+    pm.execute_notebook(str(nb / "findings.ipynb"), str(out), kernel_name="python3",
+                        progress_bar=False, cwd=str(nb), parameters={
+                            "only": "double-bos", "out_dir": str(tmp_path / "o"),
+                            "report_dir": str(tmp_path / "r")})
+    doc = json.loads((tmp_path / "o" / "check.json").read_text())
+    assert [(f["id"], f["verdict"]) for f in doc["findings"]] == [("double-bos", "absent")]
+    text = out.read_text()
+    assert "double-bos" in text and "absent" in text and "injected-parameters" in text
+    assert (tmp_path / "r" / "summary.md").is_file()

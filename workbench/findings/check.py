@@ -249,40 +249,64 @@ def table(outs: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def main(args, command: str, urls: dict[str, str] | None) -> int:
-    """The ``check`` command (``urls``: attach mode's servers, already found answering): 0 when
-    every verdict is the expected one, 1 when one differs."""
+@dataclass
+class Checked:
+    """What one ``check`` produced: the outcomes, the build, and where everything went."""
+
+    outcomes: list[Outcome]
+    build: Any
+    out: Path
+    reports: list[Path]
+    seconds: float
+    runs: int
+
+
+def run(only: str | None, out: str | Path, *, expect: str | None = None,
+        junit: str | None = None, report: str | None = None, profile: str = "cpu",
+        urls: dict[str, str] | None = None, knobs_file: str | None = None,
+        state_dir: str | None = None, log_dir: str | None = None,
+        command: str = "python -m workbench check") -> Checked:
+    """Plan, run and judge the findings ``only`` names (all when None); write check.json, and
+    JUnit XML and reports when asked. Bad input raises ConfigError before any server starts."""
     from .. import experiment, rundir
     from ..compat import build
     from ..server_set import check_vllm_release
 
-    findings = select(args.only)
-    out = rundir.check_out_dir(args.out)
+    findings = select(only)
+    out = rundir.check_out_dir(str(out))
     b = experiment.local_build() if urls else check_vllm_release()
     if b is None:
         raise ConfigError("check --attach needs the vLLM build the servers run installed here "
                           "too: its table entry names the expectations")
-    expect_file, expected = expectations(args.expect, b.table_entry)
-    order, uses, skipped = plan(findings, {"profile": args.profile}, bool(urls),
+    expect_file, expected = expectations(expect, b.table_entry)
+    order, uses, skipped = plan(findings, {"profile": profile}, bool(urls),
                                 lambda cfg: build.refusal(b, cfg.knobs))
-    if urls:
-        session = experiment.Session.attach(urls, knobs_file=args.knobs_file,
-                                            state_dir=args.state_dir)
-    else:
-        session = experiment.Session(args.log_dir)
+    session = (experiment.Session.attach(urls, knobs_file=knobs_file, state_dir=state_dir)
+               if urls else experiment.Session(log_dir))
     t0 = time.monotonic()
     with session:
         results, seconds, paths = execute(session, order, uses, out, command)
     outs = outcomes(findings, uses, skipped, results, seconds, paths,
                     expected.get("findings", {}))
     write(out, {**b.record(), "expect_verified": expected.get("verified")}, outs, command,
-          expect_file, args.junit)
-    print(table(outs))
-    print(f"vLLM {b.version} ({b.source}, entry {b.table_entry}); {len(order)} runs in "
-          f"{time.monotonic() - t0:.0f} s; wrote {out / 'check.json'}")
-    if args.report:
+          expect_file, junit)
+    reports = []
+    if report:
         from .report import write_reports
 
-        for p in write_reports(Path(args.report), outs, b, results, uses, command):
-            print(f"wrote {p}")
-    return 0 if all(o.ok for o in outs) else 1
+        reports = write_reports(Path(report), outs, b, results, uses, command)
+    return Checked(outs, b, out, reports, time.monotonic() - t0, len(order))
+
+
+def main(args, command: str, urls: dict[str, str] | None) -> int:
+    """The ``check`` command (``urls``: attach mode's servers, already found answering): 0 when
+    every verdict is the expected one, 1 when one differs."""
+    c = run(args.only, args.out, expect=args.expect, junit=args.junit, report=args.report,
+            profile=args.profile, urls=urls, knobs_file=args.knobs_file,
+            state_dir=args.state_dir, log_dir=args.log_dir, command=command)
+    print(table(c.outcomes))
+    print(f"vLLM {c.build.version} ({c.build.source}, entry {c.build.table_entry}); {c.runs} "
+          f"runs in {c.seconds:.0f} s; wrote {c.out / 'check.json'}")
+    for p in c.reports:
+        print(f"wrote {p}")
+    return 0 if all(o.ok for o in c.outcomes) else 1
