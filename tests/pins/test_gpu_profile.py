@@ -1,9 +1,10 @@
 """`plan --profile gpu` equals vLLM's PD + EAGLE3 acceptance test, flag for flag.
 
 The test's flags and environment are written down, with their source (file, releases,
-sha256), in ``data/vllm-test/spec_decode_acceptance_test.json``; every flag and variable the
-workbench adds is listed there with the reason. Both ``kv_buffer_device`` values: ``cuda``
-(the default) and ``cpu`` (``--knob transfer=host-staged``).
+sha256), in ``data/vllm-test/spec_decode_acceptance_test.json``; ``make compat`` re-derives
+them from the script in each release's sdist (``workbench/compat/test_script.py``); every flag
+and variable the workbench adds is listed there with the reason. Both ``kv_buffer_device``
+values: ``cuda`` (the default) and ``cpu`` (``--knob transfer=host-staged``).
 """
 
 from __future__ import annotations
@@ -101,3 +102,96 @@ def test_cpu_profile_stays_offline_and_gpu_follows_the_user(monkeypatch):
     assert all(s["env"]["HF_HUB_OFFLINE"] == "1" for s in cpu.values())
     gpu = plan("--profile", "gpu")
     assert not any("HF_HUB_OFFLINE" in s["env"] for s in gpu.values())
+
+
+def test_the_reference_is_vllms_script_as_make_compat_reads_it():
+    """``make compat`` writes the reference's servers from the script in each release's
+    sdist (``compat/test_script.py``); read again here from the sdists it cached (skipped
+    where it has not run), they are the committed ones, and so is the script's sha256."""
+    from workbench.compat import CACHE, test_script
+
+    releases = REF["source"]["releases"]
+    if not all((CACHE / f"vllm-{v}.tar.gz").is_file() for v in releases):
+        pytest.skip(f"the sdists of vLLM {', '.join(releases)} are not in {CACHE}: "
+                    "`make compat` downloads them")
+    again = test_script.reference(releases, CACHE, REF)
+    assert again["servers"] == REF["servers"]
+    assert again["server_host"] == REF["server_host"]
+    assert again["source"]["sha256"] == REF["source"]["sha256"]
+    assert again["source"]["lines"] == REF["source"]["lines"]
+
+
+# The shapes vLLM's script is written in, in a few lines: defaults, a platform picked by an
+# `if` on a command's output, arrays, a function called per kv_buffer_device, a loop over
+# instances whose ports are per server.
+MINI_SCRIPT = r"""
+MODEL="${MODEL:-m/target}"
+BS=${BS:-16}
+SERVER_HOST="${SERVER_HOST:-127.0.0.1}"
+CONF="{\"method\":\"eagle3\",\"model\":\"m/d\",\"max_model_len\":${BS}}"
+if [[ -n "$MEM_BYTES" ]]; then
+  MEM=(--kv-cache-memory-bytes "$MEM_BYTES")
+else
+  MEM=(--gpu-memory-utilization 0.7)
+fi
+SMI_BIN=$(which nvidia-smi || which rocm-smi || echo "")
+if [[ "$SMI_BIN" == *"rocm"* ]]; then
+  DEV_VAR="HIP_VISIBLE_DEVICES"
+else
+  DEV_VAR="CUDA_VISIBLE_DEVICES"
+fi
+EXTRA=()
+start() {
+  local dev=$1
+  kv_d="{\"kv_connector\":\"Nixl\",\"kv_role\":\"kv_consumer\",\"kv_buffer_device\":\"${dev}\"}"
+  for i in $(seq 0 $((1-1))); do
+    local PORT=$((8100 + i))
+    env ${DEV_VAR}="$i" SIDE="$SERVER_HOST" vllm serve "$MODEL" --port $PORT \
+      --block-size "${BS}" "${MEM[@]}" --enforce-eager \
+      --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}' \
+      --speculative-config "$CONF" ${EXTRA[@]+"${EXTRA[@]}"} &
+    env ${DEV_VAR}="$i" vllm serve "$MODEL" --port $((8200 + i)) "${MEM[@]}" \
+      --kv-transfer-config "$kv_d" &
+  done
+}
+for device in cuda cpu; do
+  start "$device"
+done
+"""
+
+
+def test_the_script_reader_reads_what_bash_would_run():
+    from workbench.compat import test_script
+
+    got = test_script.derive(MINI_SCRIPT)
+    assert got["server_host"] == "127.0.0.1"
+    assert set(got["servers"]) == {"cuda", "cpu"}
+    p, d = got["servers"]["cpu"]["p"], got["servers"]["cpu"]["d"]
+    assert p["model"] == d["model"] == "m/target"
+    assert p["env"] == {"CUDA_VISIBLE_DEVICES": PER_SERVER, "SIDE": "127.0.0.1"}
+    assert p["flags"] == {
+        "--port": PER_SERVER, "--block-size": "16", "--gpu-memory-utilization": "0.7",
+        "--enforce-eager": None,
+        "--kv-transfer-config": {"kv_connector": "NixlConnector", "kv_role": "kv_producer"},
+        "--speculative-config": {"method": "eagle3", "model": "m/d", "max_model_len": 16}}
+    assert d["flags"]["--kv-transfer-config"]["kv_buffer_device"] == "cpu"
+    assert got["servers"]["cuda"]["d"]["flags"]["--kv-transfer-config"][
+        "kv_buffer_device"] == "cuda"
+    # a default changed in the script is a changed reference
+    bigger = test_script.derive(MINI_SCRIPT.replace("${BS:-16}", "${BS:-32}"))
+    assert bigger["servers"]["cpu"]["p"]["flags"]["--block-size"] == "32"
+
+
+def test_the_script_reader_refuses_to_guess():
+    """A server start that depends on what the reader cannot decide fails the derivation."""
+    from workbench.compat import test_script
+
+    unknown = MINI_SCRIPT.replace('SMI_BIN=$(which nvidia-smi || which rocm-smi || echo "")',
+                                  "SMI_BIN=$(detect-gpus)")
+    with pytest.raises(test_script.ScriptError, match="CUDA_VISIBLE|DEV_VAR|does not know"):
+        test_script.derive(unknown)
+    gated = MINI_SCRIPT.replace("for device in cuda cpu; do",
+                                'if [[ "$(hostname)" == gpu* ]]; then\nfor device in cuda cpu; do'
+                                ).rstrip() + "\nfi\n"
+    with pytest.raises(test_script.ScriptError, match="cannot decide"):
+        test_script.derive(gated)

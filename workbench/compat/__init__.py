@@ -21,6 +21,7 @@ from typing import Any
 
 from ..knobs import release as releases
 from ..paths import DATA, REPO
+from . import test_script
 from .checks import (
     Check,
     entry_checks,
@@ -123,8 +124,9 @@ def failures(record: dict[str, Any]) -> list[str]:
 
 
 def main(versions: list[str], out: Path = RECORDS, cache: Path = CACHE,
-         readme: Path | None = README) -> int:
-    """Check each release's wheel, write its record and the README table; 1 if any failed."""
+         readme: Path | None = README, reference: Path | None = test_script.REFERENCE) -> int:
+    """Check each release's wheel, write its record and the README table, and re-derive
+    vLLM's PD + EAGLE3 test flags (``reference``) from the releases' sdists; 1 if any failed."""
     out.mkdir(parents=True, exist_ok=True)
     bad = 0
     for v in versions:
@@ -137,6 +139,8 @@ def main(versions: list[str], out: Path = RECORDS, cache: Path = CACHE,
         for f in failures(record):
             print(f"  fail: {f}", file=sys.stderr)
         bad += not record["ok"]
+    if reference is not None:
+        bad += not test_script.write_reference(versions, cache, reference)
     if readme is not None:
         write_readme_table(load_records(out), readme)
     return 1 if bad else 0
