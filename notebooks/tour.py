@@ -245,8 +245,8 @@ if knobs and kv_probe:
 # The results are in `out_dir` (`fixed/result.json`, `knobs/result.json`, `figures/`).
 # The explorer notebook (`explorer.ipynb`) sets every knob from a panel; the sweep
 # (`python -m workbench sweep`) runs a whole grid and writes the paper figures;
-# `python -m workbench check` re-runs every known finding on the installed vLLM build
-# (`docs/findings.md`, `docs/check.md`).
+# `findings.ipynb` (or `python -m workbench check`) re-runs every known finding on the
+# installed vLLM build (`docs/findings.md`, `docs/check.md`).
 # The next cell stops the servers (they are also stopped when the kernel exits).
 
 # %%

@@ -1,11 +1,13 @@
 """The docs point at things that exist: every relative link and image path in README.md,
 ARCHITECTURE.md and docs/*.md names a file (and, for a Markdown file with ``#anchor``, one of
 its headings); every ``make`` target and every ``python -m workbench`` flag the README names
-exists, the flags read from the argparse parsers the CLI's ``main`` builds."""
+exists, the flags read from the argparse parser the CLI's ``main`` builds."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import re
 from pathlib import Path
 
@@ -121,28 +123,19 @@ def test_every_make_target_the_readme_names_exists():
 
 # ----------------------------------------------------------------------------- CLI --
 
-class _Parsed(Exception):
-    pass
-
-
 @pytest.fixture(scope="module")
 def commands() -> dict[str, set[str]]:
-    """Each subcommand's option strings, from the parser ``cli.main`` builds (stopped at
-    ``parse_args``, so nothing runs)."""
-    def stop(self, *args, **kwargs):
-        raise _Parsed(self)
-
-    saved = argparse.ArgumentParser.parse_args
-    argparse.ArgumentParser.parse_args = stop
-    try:
-        with pytest.raises(_Parsed) as caught:
-            cli.main([])
-    finally:
-        argparse.ArgumentParser.parse_args = saved
-    parser = caught.value.args[0]
+    """Each subcommand's option strings, from the parser ``cli.main`` parses with
+    (``cli.build_parser``). A subcommand that adds its arguments only once chosen gets them
+    the way ``--help`` does: chosen, it adds them, prints its help and exits."""
+    parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {name: {s for a in p._actions for s in a.option_strings}
-            for name, p in sub.choices.items()}
+    out = {}
+    for name, p in sub.choices.items():
+        with contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit):
+            p.parse_known_args(["--help"])
+        out[name] = {s for a in p._actions for s in a.option_strings}
+    return out
 
 
 def flag_uses(text: str) -> list[tuple[str | None, str]]:
