@@ -55,7 +55,8 @@ def test_identical_configs_run_once_and_runs_are_grouped_by_server_shape():
 
 def test_attach_mode_says_not_applicable_where_a_finding_needs_other_servers():
     _, uses, skipped = check.plan(list(FINDINGS.values()), {}, attached=True)
-    assert set(skipped) == {"chunked-prefill-drafter-kv", "eager-finalize-host-staged"}
+    assert set(skipped) == {"chunked-prefill-drafter-kv", "eager-finalize-host-staged",
+                            "host-buffer-chunk-boundary"}
     assert "max_num_batched_tokens" in skipped["chunked-prefill-drafter-kv"]
     assert "knob transfer" in skipped["eager-finalize-host-staged"]
     assert "padded-load-step" in uses

@@ -15,6 +15,7 @@ from . import (
     chunked_prefill_drafter_kv,
     double_bos,
     eager_finalize_host_staged,
+    host_buffer_chunk_boundary,
     nixl_cpu_forward_thread,
     padded_load_step,
     stale_last_block,
@@ -30,4 +31,5 @@ FINDINGS: dict[str, Finding] = {f.id: f for f in (
     double_bos.FINDING,
     chunked_prefill_drafter_kv.FINDING,
     eager_finalize_host_staged.FINDING,
+    host_buffer_chunk_boundary.FINDING,
 )}

@@ -1,0 +1,107 @@
+"""KV lost in the host staging buffer when a prefill runs in chunks (NIXL, use_host_buffer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .finding import ABSENT, INCONCLUSIVE, PRESENT, Detection, Finding, rows
+
+BUDGET = 64  # P's token budget per step: boundaries on block multiples (block size 32)
+
+
+def lookahead(config: dict[str, Any]) -> int:
+    """P's ``Scheduler.num_lookahead_tokens``: its k with speculative decoding, unless the
+    ``prefill_lookahead`` knob set it to 0."""
+    knobs = config.get("knobs") or {}
+    return 0 if knobs.get("prefill_lookahead", "default") == "0" else int(config.get("k_p", 1))
+
+
+def lost_positions(chunks: list[int] | None, n: int, block_size: int, ahead: int) -> set[int]:
+    """The prompt positions (< ``n``) written into a block in a step after the step that
+    allocated it, for a prefill run in ``chunks`` (tokens per step). A step allocates the
+    blocks that hold its chunk and ``ahead`` lookahead slots past it, and P copies to the host
+    buffer, once, the blocks a step newly allocated: these positions never reach D."""
+    if not chunks:
+        return set()
+    alloc: dict[int, int] = {}  # block -> the step that allocated it
+    step_of: list[int] = []
+    end = 0
+    for step, size in enumerate(chunks):
+        step_of += [step] * size
+        end += size
+        for b in range(-(-(end + ahead) // block_size)):
+            alloc.setdefault(b, step)
+    return {p for p, step in enumerate(step_of[:n]) if step > alloc[p // block_size]}
+
+
+def _positions(cmp: dict) -> set[int]:
+    return {p for runs in (cmp.get("positions_differing") or {}).values()
+            for a, b in runs for p in range(a, b + 1)}
+
+
+def detect(result: dict) -> Detection:
+    """D's KV against P's (the KV probe's ``vs_p``), per request whose prefill P ran in
+    chunks. Differing in every layer, exactly at ``lost_positions``, in some request and in
+    no other way anywhere: ``present``. D equal to P in every request, chunked ones included
+    (at least one): ``absent``. No chunked request, or D differing elsewhere: ``inconclusive``.
+    """
+    config = result.get("config") or {}
+    bs, ahead = int(config.get("block_size", 32)), lookahead(config)
+    probed = rows(result, "kv_probe")
+    chunked = exact = lost = other = 0
+    for r in probed:
+        pr = r["kv_probe"]
+        cmp = pr.get("vs_p") or {}
+        chunks = (pr.get("prefill_chunks") or {}).get("p") or []
+        want = lost_positions(chunks, pr["positions_compared"], bs, ahead)
+        chunked += len(chunks) > 1
+        lost += bool(want)
+        layers = set(cmp.get("layers_differing") or [])
+        if cmp.get("identical") and not want:
+            continue
+        every = set(pr.get("layers") or {}) == layers and all(
+            _positions({"positions_differing": {k: v}}) == want
+            for k, v in (cmp.get("positions_differing") or {}).items())
+        if want and every:
+            exact += 1
+        elif not cmp.get("identical"):
+            other += 1
+    evidence = {"requests_probed": len(probed), "requests_chunked_on_p": chunked,
+                "requests_predicted_to_lose_slots": lost, "requests_differing_exactly_there":
+                exact, "requests_differing_otherwise": other, "p_lookahead": ahead,
+                "transfer": (config.get("knobs") or {}).get("transfer"),
+                "token_agreement": result.get("token_agreement")}
+    if exact and not other:
+        return PRESENT, evidence
+    if chunked and not exact and not other:
+        return ABSENT, evidence
+    return INCONCLUSIVE, evidence
+
+
+FINDING = Finding(
+    id="host-buffer-chunk-boundary",
+    title="With a host staging buffer, KV a later prefill chunk writes into an already "
+    "allocated block never reaches D",
+    where="vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py, "
+    "NixlBaseConnectorScheduler._build_save_meta: each step lists for the device-to-host copy "
+    "(NixlBaseConnectorWorker.save_kv_to_host in wait_for_save) only the blocks newly "
+    "allocated in that step; Scheduler.schedule allocates a chunk's blocks plus "
+    "num_lookahead_tokens slots past it. The same code runs on GPUs with kv_buffer_device=cpu",
+    found_on="0.32.0",
+    experiment={"prompt_set": "indomain", "kv_probe": True, "concurrency": 1,
+                "max_num_batched_tokens": {"p": BUDGET, "d": BUDGET},
+                "knobs": {"transfer": "host-staged"}},
+    detect=detect,
+    positive=None,
+    negative={"knobs": {"transfer": "host-staged", "prefill_lookahead": "0"}},
+    measured=("per request, the positions and layers where D's KV differs from P's (KV probe "
+              "digests), against the positions written into a block after the step that "
+              "allocated it",
+              "the same with P's lookahead off (chunk boundaries on block multiples then lose "
+              "nothing)"),
+    inferred=("the lost slots are those _build_save_meta never lists again after a block's "
+              "first step (read in the source); the workbench's CPU host staging changes only "
+              "the copy op (knobs/transfer.py), not which blocks are copied",),
+    fix="patches/vllm-0.32.0/host-buffer-chunk-boundary.patch",
+    figure="kv_probe",
+)
