@@ -196,9 +196,7 @@ def check_prompts(cfgs: list[ExperimentConfig]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from . import experiment
-
-    cfg = config_from_args(args)
+    cfg = config_from_args(args)  # first: a bad flag is refused before the heavy imports
     urls = parse_attach(args.attach)
     if not urls and (args.knobs_file or args.state_dir):
         flag = "--knobs-file" if args.knobs_file else "--state-dir"
@@ -211,6 +209,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         check_before_start(cfg)
     check_prompts([cfg])
+    from . import experiment
+
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "workbench", *sys.argv[1:]])
     bar = None
     try:
@@ -242,13 +242,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    base = config_from_args(args, defaults={"num_prompts": SWEEP_NUM_PROMPTS})
     from . import sweep
 
-    base = config_from_args(args, defaults={"num_prompts": SWEEP_NUM_PROMPTS})
     points = sweep.grid_points(args.grid)  # an unknown grid fails before any server starts
     out = rundir.check_out_dir(args.out)
     check_before_start(base)
-    check_prompts([sweep.point_config(base, pt) for pt in points])
+    configs = [sweep.point_config(base, pt) for pt in points]
+    check_prompts(configs)
+    from .server_set import check_vllm_release
+
+    for cfg in configs:  # a point's knob this build refuses, before the first server starts
+        check_vllm_release(cfg.knobs)
 
     def on_point(pt, status):
         print(f"[sweep] {pt.name}: {status}", flush=True)
@@ -288,10 +293,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from .experiment import Session
-
     cfg = config_from_args(args)
     check_before_start(cfg)
+    from .experiment import Session
+
     dev_mode = not args.no_dev_mode
     if dev_mode:
         print(DEV_MODE_NOTE, file=sys.stderr, flush=True)
