@@ -1,5 +1,5 @@
 """Ports checked as the server binds them, a taken automatic port retried, and a SIGTERM
-handler that cannot deadlock (issue 13, items 9 and 10). The "server" here is a few lines
+handler that cannot deadlock. The "server" here is a few lines
 of Python under the real reaper, not vLLM."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A sweep keeps a point only when it ran with the very same config, vLLM and model files;
-slugs never collide; aggregation reads complete results only (issue 13, items 1 and 10)."""
+slugs never collide; aggregation reads complete results only."""
 
 from __future__ import annotations
 
