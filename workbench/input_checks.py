@@ -159,7 +159,7 @@ def _check_set_size(cfg: Any) -> None:
     count = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
     if cfg.num_prompts > count:
         raise InputError(f"num_prompts={cfg.num_prompts}: prompt set {cfg.prompt_set!r} has "
-                         f"{count} prompts ({path.name}); allowed: 1..{count}, or a set that "
+                         f"only {count} prompts ({path.name}); allowed: 1..{count}, or a set that "
                          "makes any number (badcase, lastblock, random)")
 
 
@@ -297,14 +297,7 @@ def available_memory() -> int:
 def check_machine(cfg: Any) -> None:
     """The host is an address of this machine, and one server's KV cache fits in the memory
     available now (vLLM's CPU worker refuses a larger one at start)."""
-    try:
-        infos = socket.getaddrinfo(cfg.host, 0, type=socket.SOCK_STREAM)
-        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
-            s.bind(infos[0][4])
-    except OSError as e:
-        raise InputError(f"host={cfg.host!r}: the servers cannot bind there ({e.strerror or e}); "
-                         "allowed: an address of this machine (127.0.0.1, or with "
-                         "--allow-remote 0.0.0.0 or one of its interfaces' addresses)") from None
+    _check_bindable(cfg.host)
     if profiles.PROFILES[cfg.profile].device != "cpu":
         return
     avail = available_memory()
@@ -313,3 +306,24 @@ def check_machine(cfg: Any) -> None:
                          f"on this machine now ({avail} bytes): vLLM's CPU worker refuses it at "
                          f"start; allowed: kv_cache_bytes <= {avail}, for each of "
                          f"{len(cfg.roles())} servers")
+
+
+def _check_bindable(host: str) -> None:
+    """Some address ``host`` names can be bound here (a name may resolve to IPv6 first on a
+    machine without it: any one that binds will do, as for the servers)."""
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except OSError as e:
+        why = e.strerror or str(e)
+    else:
+        why = "no address"
+        for family, _, _, _, addr in infos:
+            try:
+                with socket.socket(family, socket.SOCK_STREAM) as s:
+                    s.bind(addr)
+                return
+            except OSError as e:
+                why = e.strerror or str(e)
+    raise InputError(f"host={host!r}: the servers cannot bind there ({why}); allowed: an "
+                     "address of this machine (127.0.0.1, or with --allow-remote 0.0.0.0 or "
+                     "one of its interfaces' addresses)")
