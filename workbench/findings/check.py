@@ -60,13 +60,16 @@ def select(only: str | None) -> list[Finding]:
     return [FINDINGS[i] for i in ids]
 
 
-def config_for(f: Finding, overrides: dict | None, base: dict) -> ExperimentConfig:
-    """The finding's experiment with ``overrides`` (fields; ``knobs`` merged) over ``base``."""
+def config_for(f: Finding, overrides: dict | None, base: dict,
+               which: str = "vLLM as released") -> ExperimentConfig:
+    """The finding's experiment with ``overrides`` (fields; ``knobs`` merged) over ``base``,
+    labelled for tables and figures (the label is not part of a run's identity, ``key``)."""
     over = dict(overrides or {})
     knobs = {**f.experiment.get("knobs", {}), **over.pop("knobs", {})}
     fields = {**BASE, **base, **{k: v for k, v in f.experiment.items() if k != "knobs"}, **over}
     profile = fields.pop("profile", "cpu")
-    return ExperimentConfig.for_profile(profile, **fields, knobs=knobs)
+    return ExperimentConfig.for_profile(profile, **fields, knobs=knobs,
+                                        label=f"{f.id}: {which}")
 
 
 def runs_of(f: Finding, base: dict) -> dict[str, ExperimentConfig]:
@@ -75,8 +78,8 @@ def runs_of(f: Finding, base: dict) -> dict[str, ExperimentConfig]:
     for which in CONTROLS:
         over = getattr(f, which)
         if over is not None:
-            out[which] = config_for(f, over, base)
-    out.update({label: config_for(f, over, base) for label, over in f.also.items()})
+            out[which] = config_for(f, over, base, f"{which} control")
+    out.update({label: config_for(f, over, base, label) for label, over in f.also.items()})
     return out
 
 

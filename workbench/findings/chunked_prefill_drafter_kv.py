@@ -67,4 +67,6 @@ FINDING = Finding(
               "partial prefill (read in the source); vLLM turns asynchronous scheduling off "
               "with disable_padded_drafter_batch",),
     figure="kv_probe",
+    reads="the KV probe (digests of every KV layer per request, taken in vLLM's workers)",
+    standalone=False,
 )

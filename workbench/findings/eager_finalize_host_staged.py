@@ -36,4 +36,6 @@ FINDING = Finding(
     negative={"knobs": {"transfer": "direct", "finalize": "eager"}},
     measured=("per request, which layers of D's KV differ from P's (KV probe digests)",),
     figure="kv_probe",
+    reads="the KV probe (digests of every KV layer per request, taken in vLLM's workers)",
+    standalone=False,
 )

@@ -49,6 +49,11 @@ class Finding:
     # The negative control read another way from its run (the same run, when ``negative`` is
     # empty): the CPU forward thread after the profile's restore.
     negative_detect: Detector | None = None
+    # What the detector reads; ``standalone``: whether a script with vLLM alone shows it too
+    # (the per-request spec-decode counts do; the KV probe and thread affinities need the
+    # plugin inside vLLM's processes).
+    reads: str = "each response's metrics.speculative_decoding"
+    standalone: bool = True
 
 
 def rows(result: dict[str, Any], *keys: str) -> list[dict[str, Any]]:

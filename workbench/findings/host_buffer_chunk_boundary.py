@@ -104,4 +104,6 @@ FINDING = Finding(
               "the copy op (knobs/transfer.py), not which blocks are copied",),
     fix="patches/vllm-0.32.0/host-buffer-chunk-boundary.patch",
     figure="kv_probe",
+    reads="the KV probe (digests of every KV layer per request, taken in vLLM's workers)",
+    standalone=False,
 )

@@ -54,6 +54,8 @@ FINDING = Finding(
     negative={},  # the same run, read after the CPU profile's restore (cpu_pin.restore)
     negative_detect=detect_restored,
     profiles=("cpu",),
+    reads="each P and D worker's forward-thread affinity (os.sched_getaffinity in the worker)",
+    standalone=False,
     measured=("each P and D worker's forward-thread affinity right after vLLM built the "
               "connector, and after the CPU profile's restore, against "
               "VLLM_CPU_OMP_THREADS_BIND",),

@@ -77,10 +77,10 @@ def observed(result: dict) -> list[str]:
                          f"{s['num_drafts']} over {s.get('num_requests')} requests")
     eff = result.get("effect") or {}
     if eff.get("per_position_diff"):
+        ci = [[round(a, 3), round(b, 3)] for a, b in eff.get("per_position_diff_ci95") or []]
         lines.append(f"- D minus baseline per position, paired by request: "
-                     f"{[round(x, 3) for x in eff['per_position_diff']]}, 95% intervals "
-                     f"{eff.get('per_position_diff_ci95')}; verdict against vLLM's 5% "
-                     f"tolerance: {eff.get('verdict')}")
+                     f"{[round(x, 3) for x in eff['per_position_diff']]}, 95% intervals {ci}; "
+                     f"verdict against vLLM's 5% tolerance: {eff.get('verdict')}")
     if result.get("token_agreement") is not None:
         lines.append(f"- token agreement D vs baseline: {result['token_agreement']:.3f}")
     return lines
@@ -131,10 +131,10 @@ def page(f: Finding, o, build, result: dict, command: str, fig: str | None) -> s
               "as vLLM's toy_proxy_server.py does, and the same prompt to the baseline, and "
               "prints each request's drafts and accepted tokens from "
               "metrics.speculative_decoding.", "", *command_lines(servers(cfg)), ""]
-    if f.figure == "kv_probe":
-        parts += ["The detector reads the workbench's KV probe (digests of every KV layer per "
-                  "request, taken inside vLLM's workers by the workbench's plugin), which the "
-                  "standalone script cannot; it shows the acceptance side only.", ""]
+    if not f.standalone:
+        parts += [f"The detector reads {f.reads}, recorded inside vLLM's processes by the "
+                  "workbench's plugin, which the standalone script cannot; it shows the "
+                  "acceptance side only.", ""]
     if fix is not None and fix.is_file():
         parts += ["## Proposed fix", f"`{f.fix}` (`patch -p1` in the directory that holds the "
                   "`vllm` package):", "```diff", fix.read_text().rstrip(), "```", ""]
