@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -44,7 +46,7 @@ table = pd.DataFrame([{"finding": o.id, "verdict": o.verdict, "expected": o.expe
                        "seconds": o.seconds} for o in checked.outcomes])
 print(f"vLLM {checked.build.version} ({checked.build.source}, table entry "
       f"{checked.build.table_entry}): {checked.runs} runs in {checked.seconds:.0f} s")
-table
+display(table)
 
 # %% [markdown]
 # Each present finding: what vLLM does and where, and its figure (with `report_dir` set).
