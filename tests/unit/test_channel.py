@@ -235,7 +235,7 @@ def test_control_thread_is_daemon(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("raw", ["soon", "-5", "1.5", ""])
 def test_malformed_nixl_progress_delay_is_ignored_with_a_warning(monkeypatch, raw):
-    """Issue 13, item 10: the plugin reads this in every vLLM process started in the
+    """The plugin reads this in every vLLM process started in the
     environment; raising there crashed each of them at start-up."""
     from workbench.knobs import nixl_progress
 

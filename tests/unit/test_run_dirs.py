@@ -1,5 +1,5 @@
-"""Run directories nobody else can reach, one owner each, and a store that keeps every row
-(issue 13, items 3 and 4). No server starts: where the code would start one, Popen fails."""
+"""Run directories nobody else can reach, one owner each, and a store that keeps every row.
+No server starts: where the code would start one, Popen fails."""
 
 from __future__ import annotations
 

