@@ -1,14 +1,14 @@
 """Runtime fixes that let an old vLLM release run the CPU PD + EAGLE3 pipeline at all.
 
-Why this exists: ``workbench/releases`` compares each historical bug as the old release had
-it with the knob that re-creates it on 0.32.0. Some old releases cannot start on the CPU for reasons that
-have nothing to do with those bugs; such a release may be fixed only at runtime, through a
-vLLM general plugin (entry point group ``vllm.general_plugins``, loaded by vLLM in every
-process it starts), never by editing the release's files, and every fix must be listed in the
-result and shown to be unrelated to the bug under study. Each :class:`Fix` says which releases
-need it, which vLLM symbol it wraps, why, and why it cannot touch the bugs (the block
-hand-off in the engine core's scheduler and NIXL connector, and the order of the KV
-connector's finalize around the EAGLE3 drafter in the worker).
+Why this exists: ``workbench/releases`` compares each historical bug as the old release had it
+with the knob that re-creates it on 0.32.0. Some old releases cannot start on the CPU for
+reasons that have nothing to do with those bugs; such a release may be fixed only at runtime,
+through a vLLM general plugin (entry point group ``vllm.general_plugins``, loaded by vLLM in
+every process it starts), never by editing the release's files, and every fix must be listed in
+the result and shown to be unrelated to the bug under study. Each :class:`Fix` says which
+releases need it, which vLLM symbol it wraps, why, and why it cannot touch the bugs (the block
+hand-off in the engine core's scheduler and NIXL connector, and the order of the KV connector's
+finalize around the EAGLE3 drafter in the worker).
 
 The workbench plugin's observe-only mode (``observe.py``) is what installs them: the old
 release's environment gets the workbench package without its dependencies

@@ -1,15 +1,15 @@
 """The plugin's observe-only mode: vLLM as released, plus only the fixes it needs to run here.
 
 Why: ``python -m workbench releases`` runs old releases natively, to compare each historical
-bug as it was with the knob that re-creates it on a release the knobs were written for. The knobs' patches target
-the source of :data:`release.RELEASES` only, so on any other release the plugin must patch
-nothing of the pipeline, yet an old release may need a runtime fix to start on the CPU at all
-(``compat_fixes.py``). With ``WORKBENCH_OBSERVE_ONLY`` set to a directory, ``plugin.register``
-calls :func:`install` instead of installing any knob: it installs the compatibility fixes
-that apply to the running release, and each vLLM process (API server, engine core, worker)
-writes ``observe-<pid>.json`` there, so a result can list what was applied and show that no
-workbench patch was (``_patch.PATCHED``, every patch this package installs, is empty).
-"""
+bug as it was with the knob that re-creates it on a release the knobs were written for. The
+knobs' patches target the source of :data:`release.RELEASES` only, so on any other release the
+plugin must patch nothing of the pipeline, yet an old release may need a runtime fix to start
+on the CPU at all (``compat_fixes.py``). With ``WORKBENCH_OBSERVE_ONLY`` set to a directory,
+``plugin.register`` calls :func:`install` instead of installing any knob: it installs the
+compatibility fixes that apply to the running release, and each vLLM process (API server,
+engine core, worker) writes ``observe-<pid>.json`` there, so a result can list what was applied
+and show that no workbench patch was (``_patch.PATCHED``, every patch this package installs, is
+empty)."""
 
 from __future__ import annotations
 
