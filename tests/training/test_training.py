@@ -349,11 +349,15 @@ def test_shipped_pair_output_not_degenerate(shipped_eval):
 
 @pytest.mark.vllm
 def test_drafter_kv_corruption_lowers_acceptance(shipped_eval):
-    """Zeroing the drafter's KV for each whole prompt costs >= 20% of position-0 acceptance:
-    the drafter reads its own cache, so the knobs that corrupt it are visible."""
+    """Corrupting the drafter's KV for each whole prompt lowers position-0 acceptance: the
+    drafter reads its own cache, so the knobs that corrupt it are visible. The damage is the
+    drafter's only: greedy target output is the clean run's, token for token, in every
+    request. Measured on the shipped pair (16 prompts, 128 tokens): position-0 drop 0.346
+    zeroed, 0.995 noise, target output unchanged in 16 of 16 prompts both times (64 prompts:
+    0.323, 0.996, 64 of 64, data/models/eval_results.json)."""
     z, k = shipped_eval["corrupt"], shipped_eval["corrupt_noise"]
-    assert z["pos0_rel_drop"] >= 0.20, (shipped_eval["clean"]["per_pos"], z["per_pos"])
+    assert z["pos0_rel_drop"] >= 0.25, (shipped_eval["clean"]["per_pos"], z["per_pos"])
+    assert k["pos0_rel_drop"] >= 0.9, (shipped_eval["clean"]["per_pos"], k["per_pos"])
     assert k["pos0_rel_drop"] >= z["pos0_rel_drop"]  # garbage hurts more than zeros
-    # the damage is drafter-only: greedy target output stays (up to rare fp32 batch-shape flips)
     for bad in (z, k):
-        assert bad["same_output"] >= 0.75 * shipped_eval["n_prompts"]
+        assert bad["same_output"] == shipped_eval["n_prompts"], bad["same_output"]

@@ -1,9 +1,7 @@
-"""Issue 13 on real vLLM servers: what the unit tests check without servers, end to end.
-
-Written alongside the unit tests and NOT run there (the machine they were written on had no
-cores to spare for servers): a sweep that resumes only points of its own configuration, a
-run on servers bound beyond loopback that says so in its notes, and a second Session on a
-live session's directory refused while its servers run.
+"""Guards the unit tests check without servers, end to end on real vLLM servers: a sweep that
+resumes only points of its own configuration, servers bound beyond loopback (the address they
+really bound, and the run's note), and a second Session on a live session's directory refused
+while its servers run.
 """
 
 from __future__ import annotations
@@ -11,7 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import psutil
 import pytest
+from conftest import tree_pids
 
 from workbench import rundir, sweep
 from workbench.config import ConfigError
@@ -56,10 +56,32 @@ def test_a_second_session_on_a_live_sessions_directory_is_refused(pd_session, sm
     assert all(s.alive() for s in pd_session.servers.values())  # the first owner untouched
 
 
+def listening(server) -> dict[int, set[str]]:
+    """The ports the server's process tree listens on, each with the addresses it is bound to
+    (the kernel's socket table, through psutil)."""
+    out: dict[int, set[str]] = {}
+    for pid in tree_pids(server):
+        try:
+            conns = psutil.Process(pid).net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN:
+                out.setdefault(c.laddr.port, set()).add(c.laddr.ip)
+    return out
+
+
 @pytest.mark.restart
-def test_servers_bound_beyond_loopback_say_so_in_the_notes(small_cfg, tmp_path):
+def test_servers_bound_beyond_loopback_say_so_in_the_notes(pd_session, small_cfg, tmp_path):
+    """P and D restarted on 0.0.0.0 (host is a server field): their HTTP port and NIXL's side
+    channel are bound to every interface, and the run's notes say so once."""
     cfg = replace(small_cfg, host="0.0.0.0", allow_remote=True, run_baseline=False)
-    with Session(tmp_path / "logs") as s:
-        result = s.run(cfg, out_dir=tmp_path / "run")
+    result = pd_session.run(cfg, out_dir=tmp_path / "run")
+    for role in ("p", "d"):
+        server = pd_session.servers[role]
+        bound = listening(server)
+        assert bound.get(server.spec.port) == {"0.0.0.0"}, (role, server.spec.port, bound)
+        assert bound.get(server.spec.side_channel_port) == {"0.0.0.0"}, (
+            role, server.spec.side_channel_port, bound)
     exposed = [n for n in result.notes if "0.0.0.0" in n]
     assert len(exposed) == 1 and "side channel" in exposed[0]
