@@ -59,7 +59,8 @@ class Result:
     model_runner: str | None = None
     # The build the run used (compat/build.py): {version, table_entry, source ("table" |
     # "installed-source"), checks_passed, checks_total (the entry's patch checks on the
-    # installed source), commit (vllm._version.__commit_id__, None where the build has none)}.
+    # installed source), commit (vllm._version.__commit_id__, None where the build has none)};
+    # None for an old release run natively (no table entry serves it: releases/native_result).
     vllm_build: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:

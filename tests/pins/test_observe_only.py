@@ -90,7 +90,7 @@ def test_the_knobs_refuse_the_old_release_where_observe_only_runs(old_vllm, tmp_
     """The contrast: asked for knobs, the same release is refused by name."""
     out, _, err = probe(tmp_path, old_vllm, **{spec.ENV_CONTROL_FILE: str(tmp_path / "k.json")})
     assert not out
-    assert f"vLLM {OLD} is not supported" in err
+    assert f"vLLM {OLD} is older than every release" in err
 
 
 def test_observe_only_on_the_installed_release_applies_nothing(tmp_path):
