@@ -23,6 +23,7 @@ from . import prompts as prompt_sets
 from .baseline_cache import BaselineCache
 from .compat import build
 from .config import ConfigError, ExperimentConfig, exposure_notes
+from .input_checks import check_prompt_lengths
 from .knobs.kv_probe import prompt_key
 from .knobs.notes import knob_notes
 from .knobs.release import vllm_version
@@ -191,6 +192,7 @@ class Session:
             cfg.prompt_set, cfg.num_prompts, cfg.target, seed=cfg.seed,
             block_size=cfg.block_size, prompt_file=cfg.prompt_file,
             double_bos=cfg.knobs["double_bos"] == "on")
+        check_prompt_lengths(cfg, plist)  # a notebook's run too, before servers start
         if progress and self.needs_start(cfg):
             progress("start", 0, 1)
         self.ensure(cfg)
