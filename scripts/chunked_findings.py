@@ -145,10 +145,14 @@ def prompt_ids(cfg: dict) -> dict[str, list[int]]:
     return {p.id: list(p.token_ids) for p in ps}
 
 
-def check_run(r: Result) -> dict[str, Any]:
+def check_run(r: Result, fixed: set[str] = frozenset()) -> dict[str, Any]:
+    """Each probed request's differing positions against the prediction; ``fixed``: the
+    findings the build under test carries a fix for (their positions are then predicted
+    equal)."""
     cfg = r.config
-    padded = cfg.get("padded_drafter_batch", True)
-    staged = cfg["knobs"].get("transfer") == "host-staged"
+    padded = cfg.get("padded_drafter_batch", True) and "chunked-prefill-drafter-kv" not in fixed
+    staged = cfg["knobs"].get("transfer") == "host-staged" and \
+        "host-buffer-chunk-boundary" not in fixed
     bs = cfg["block_size"]
     lookahead = cfg["k_p"] if cfg["knobs"].get("prefill_lookahead", "default") == "default" else 0
     ids = prompt_ids(cfg)
@@ -192,7 +196,7 @@ def cmd_check(a: argparse.Namespace) -> None:
         r = Result.load(d)
         if not any(q.get("kv_probe") for q in r.requests):
             continue
-        c = check_run(r)
+        c = check_run(r, set(a.fixed.split(",")) if a.fixed else set())
         report[d.name] = c
         print(f"{d.name}: {c['requests']} requests, chunked on P {c['chunked_p']}, on the "
               f"baseline {c['chunked_baseline']}; as predicted vs P {c['match']['vs_p']}, "
@@ -220,10 +224,14 @@ def _ci(iv) -> tuple[str, str]:
     return ("", "") if iv is None else (f"{iv[0]:.4f}", f"{iv[1]:.4f}")
 
 
-def table_rows(runs: dict[str, Result], reference: str) -> list[dict[str, Any]]:
-    ref = runs[reference]
+def table_rows(runs: dict[str, Result], reference: str,
+               ref_for: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Per point and side, rates with intervals and the paired difference from the point's
+    reference (``ref_for[point]``, else ``reference``), request by request."""
     out = []
     for name, r in runs.items():
+        ref_name = (ref_for or {}).get(name, reference)
+        ref = runs[ref_name]
         cfg = r.config
         for side in ("pd", "baseline"):
             if not r.requests or not r.requests[0].get(side):
@@ -264,23 +272,29 @@ def table_rows(runs: dict[str, Result], reference: str) -> list[dict[str, Any]]:
             lo_hi = stats.mean_ci(agree)
             row["token_agreement_lo"], row["token_agreement_hi"] = _ci(lo_hi)
             row["token_agreement_in_run"] = r.token_agreement if side == "pd" else ""
-            row["reference"] = reference
+            row["reference"] = ref_name
             out.append(row)
     return out
 
 
 def load_runs(runs_dir: str, names: str | None) -> dict[str, Result]:
-    root = Path(runs_dir)
-    wanted = names.split(",") if names else sorted(
-        p.name for p in root.iterdir() if (p / "result.json").exists())
-    return {n: Result.load(root / n) for n in wanted}
+    """Runs by name from ``DIR`` or ``DIR,PREFIX=DIR2,...`` (DIR2's runs named PREFIX + name);
+    ``names``: the ones to keep, in that order (all when None)."""
+    first, *more = runs_dir.split(",")
+    dirs = {"": Path(first), **{k: Path(v) for k, v in (m.split("=", 1) for m in more)}}
+    found = {prefix + d.name: d for prefix, root in dirs.items()
+             for d in sorted(root.iterdir()) if (d / "result.json").exists()}
+    wanted = names.split(",") if names else list(found)
+    return {n: Result.load(found[n]) for n in wanted}
 
 
 def cmd_table(a: argparse.Namespace) -> None:
     runs = load_runs(a.runs, a.points)
-    if a.reference not in runs:
-        runs = {a.reference: Result.load(Path(a.runs) / a.reference), **runs}
-    rows = table_rows(runs, a.reference)
+    ref_for = dict(x.split("=", 1) for x in a.ref_for)
+    every = load_runs(a.runs, None)
+    for ref in {a.reference, *ref_for.values()} - set(runs):
+        runs[ref] = every[ref]
+    rows = table_rows(runs, a.reference, ref_for)
     with Path(a.out).open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -300,9 +314,64 @@ def cmd_figures(a: argparse.Namespace) -> None:
     runs = load_runs(a.runs, a.points)
     for name, r in runs.items():
         if r.kv_probe_summary:
-            paths = kv_plots.kv_probe([r], a.out, stem=f"kv_probe-{name}",
+            paths = kv_plots.kv_probe([r], a.out, stem="kv_probe-" + name.replace(":", "-"),
                                       request_id=a.request)
             print(name, [str(p) for p in paths])
+
+
+def cmd_positions(a: argparse.Namespace) -> None:
+    """One request across runs: the positions where D's KV differs (filled: from the baseline,
+    per layer group; x: from P) and where the model predicts them (open circles), with P's
+    chunk ends as dotted lines and block boundaries as grey ticks."""
+    import matplotlib.pyplot as plt
+
+    from workbench.figstyle import STYLE, provenance, save
+
+    runs = load_runs(a.runs, a.points)
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(len(runs), 1, figsize=(11, 0.9 + 1.0 * len(runs)),
+                                 sharex=True, squeeze=False)
+        for ax, (name, r) in zip(axes[:, 0], runs.items(), strict=True):
+            q = next(q for q in r.requests if q["id"] == a.request)
+            pr = q["kv_probe"]
+            cfg = r.config
+            bs, n = cfg["block_size"], pr["positions_compared"]
+            la = cfg["k_p"] if cfg["knobs"].get("prefill_lookahead", "default") == "default" \
+                else 0
+            staged = cfg["knobs"].get("transfer") == "host-staged"
+            ids = prompt_ids(cfg)[q["id"]]
+            hb = expected_host_buffer(pr, bs, la) if staged else set()
+            dr = expected_drafter(pr, cfg.get("padded_drafter_batch", True), "vs_baseline", ids)
+            rows = {"target": 1.0, "drafter": 0.0}
+            for group, y in rows.items():
+                layers = [k for k, g in pr["layers"].items() if g == group]
+                got = set().union(*(observed(pr["vs_baseline"]).get(k, set()) for k in layers))
+                vs_p = set().union(*(observed(pr["vs_p"]).get(k, set()) for k in layers))
+                want = hb | (dr if group == "drafter" else set())
+                ax.scatter(sorted(got), [y] * len(got), s=14, marker="s", color="tab:red",
+                           label="differs from the baseline" if y else None)
+                ax.scatter(sorted(want), [y + 0.25] * len(want), s=14, facecolors="none",
+                           edgecolors="black",
+                           label="predicted for 0.32.0 as released" if y else None)
+                ax.scatter(sorted(vs_p), [y - 0.25] * len(vs_p), s=14, marker="x",
+                           color="tab:cyan", label="differs from P" if y else None)
+            for e in chunk_ends(pr["prefill_chunks"].get("p")):
+                ax.axvline(e + 0.5, color="tab:blue", ls=":", lw=1)
+            for b in range(0, n + 1, bs):
+                ax.axvline(b - 0.5, color="0.8", lw=0.6, zorder=0)
+            ax.set_xlim(-1, n)
+            ax.set_ylim(-0.6, 1.6)
+            ax.set_yticks([0, 1], ["drafter", "target (8)"])
+            ax.set_title(f"{name}: P's chunks {pr['prefill_chunks'].get('p')}, "
+                         f"lookahead {la}, {cfg['knobs'].get('transfer')}", fontsize=8,
+                         loc="left")
+            ax.grid(False)
+        axes[-1, 0].set_xlabel(f"prompt position of request {a.request} (grey: block "
+                               f"boundaries, block size {bs}; blue dotted: P's chunk ends)")
+        axes[0, 0].legend(loc="lower right", fontsize=7, ncol=3)
+        fig.tight_layout()
+        paths = save(fig, a.out, a.stem, provenance(list(runs.values())))
+    print([str(p) for p in paths])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -318,11 +387,14 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("check")
     p.add_argument("--runs", required=True)
     p.add_argument("--show", type=int, default=3)
+    p.add_argument("--fixed", help="finding ids the runs' build fixes (comma-separated)")
     p.add_argument("--out")
     p.set_defaults(fn=cmd_check)
     p = sub.add_parser("table")
     p.add_argument("--runs", required=True)
     p.add_argument("--reference", required=True)
+    p.add_argument("--ref-for", action="append", default=[], metavar="POINT=REF",
+                   help="another reference for one point (repeatable)")
     p.add_argument("--points")
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_table)
@@ -332,6 +404,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--points")
     p.add_argument("--request")
     p.set_defaults(fn=cmd_figures)
+    p = sub.add_parser("positions")
+    p.add_argument("--runs", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--points", required=True)
+    p.add_argument("--request", required=True)
+    p.add_argument("--stem", required=True)
+    p.set_defaults(fn=cmd_positions)
     a = ap.parse_args(argv)
     a.fn(a)
 
