@@ -66,6 +66,7 @@ FINDING = Finding(
     inferred=("the wrong token comes from prepare_next_token_ids_padded's backup token for a "
               "partial prefill (read in the source); vLLM turns asynchronous scheduling off "
               "with disable_padded_drafter_batch",),
+    fix="patches/vllm-0.32.0/chunked-prefill-drafter-kv.patch",
     figure="kv_probe",
     reads="the KV probe (digests of every KV layer per request, taken in vLLM's workers)",
     standalone=False,
