@@ -363,6 +363,16 @@ def _compat_args(cp: argparse.ArgumentParser) -> None:
     cp.add_argument("--no-readme", action="store_true", help="leave the README table alone")
 
 
+def _add_attach_args(ap: argparse.ArgumentParser, attach_note: str = "") -> None:
+    """Attach mode's flags and the log directory, for ``run`` and ``check``."""
+    ap.add_argument("--attach", help="use running servers instead of starting any: "
+                    "p=URL,d=URL[,baseline=URL]" + attach_note)
+    ap.add_argument("--knobs-file", help="attach mode: the servers' WORKBENCH_KNOBS_FILE")
+    ap.add_argument("--state-dir", help="attach mode: the servers' WORKBENCH_KNOBS_STATE_DIR")
+    ap.add_argument("--log-dir", default=None, help="server logs and the knob channel "
+                    "(default: a private temporary directory, kept if the run fails)")
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Every finding on the installed build (``workbench/findings/check.py``)."""
     from .findings import check
@@ -393,12 +403,7 @@ def _add_check(sub) -> None:
     cp.add_argument("--report", help="write an issue-ready DIR/<id>.md per present finding, "
                     "and DIR/summary.md")
     cp.add_argument("--profile", default="cpu", help="cpu (default) or gpu")
-    cp.add_argument("--attach", help="use running servers: p=URL,d=URL[,baseline=URL]; "
-                    "findings that need other server fields say not-applicable")
-    cp.add_argument("--knobs-file", help="attach mode: the servers' WORKBENCH_KNOBS_FILE")
-    cp.add_argument("--state-dir", help="attach mode: the servers' WORKBENCH_KNOBS_STATE_DIR")
-    cp.add_argument("--log-dir", default=None, help="server logs (default: a private "
-                    "temporary directory, kept if a run fails)")
+    _add_attach_args(cp, "; findings that need other server fields say not-applicable")
     cp.set_defaults(func=cmd_check)
 
 
@@ -464,12 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one experiment and write DIR/result.json")
     _add_experiment_args(run)
     run.add_argument("--out", required=True, help="output directory")
-    run.add_argument("--attach", help="use running servers instead of starting any: "
-                     "p=URL,d=URL[,baseline=URL]")
-    run.add_argument("--knobs-file", help="attach mode: the servers' WORKBENCH_KNOBS_FILE")
-    run.add_argument("--state-dir", help="attach mode: the servers' WORKBENCH_KNOBS_STATE_DIR")
-    run.add_argument("--log-dir", default=None, help="server logs and the knob channel "
-                     "(default: a private temporary directory, kept if the run fails)")
+    _add_attach_args(run)
     run.set_defaults(func=cmd_run)
     sv = sub.add_parser("serve", help="start P, D and the baseline and keep them up until "
                         "Ctrl-C; prints how to attach to them")
