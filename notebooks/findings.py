@@ -24,12 +24,14 @@
 #
 # Parameters (papermill `-p`): `only`, comma-separated finding ids (None: all, about ten
 # minutes on a 2-core CPU); `report_dir`, where issue-ready pages go (None: none);
-# `out_dir`, where `check.json` and every run's `result.json` go.
+# `out_dir`, where `check.json` and every run's `result.json` go; `show_dir`, a check already
+# run (`make check`'s or `check --out DIR`'s directory) to show instead of running one.
 
 # %% tags=["parameters"]
 only = None  # e.g. "padded-load-step,double-bos"
 report_dir = None  # e.g. "findings-reports": <id>.md, <id>.png, <id>.repro.py, summary.md
 out_dir = "findings-check"
+show_dir = None  # e.g. "../data/findings/check": show it, run nothing
 
 # %%
 from pathlib import Path
@@ -39,7 +41,8 @@ from IPython.display import Image, Markdown, display
 
 from workbench.findings import FINDINGS, check
 
-checked = check.run(only, out_dir, report=report_dir, command="notebooks/findings.ipynb")
+checked = (check.load(show_dir) if show_dir else
+           check.run(only, out_dir, report=report_dir, command="notebooks/findings.ipynb"))
 table = pd.DataFrame([{"finding": o.id, "verdict": o.verdict, "expected": o.expected,
                        "positive control": o.controls.get("positive", {}).get("ok"),
                        "negative control": o.controls.get("negative", {}).get("ok"),

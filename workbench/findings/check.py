@@ -301,6 +301,17 @@ def run(only: str | None, out: str | Path, *, expect: str | None = None,
     return Checked(outs, b, out, reports, time.monotonic() - t0, len(order))
 
 
+def load(out: str | Path) -> Checked:
+    """A check already run into ``out`` (its ``check.json``), to show without running it."""
+    from types import SimpleNamespace
+
+    out = Path(out)
+    doc = json.loads((out / "check.json").read_text())
+    outs = [Outcome(**f) for f in doc["findings"]]
+    return Checked(outs, SimpleNamespace(**doc["build"]), out, [],
+                   sum(o.seconds for o in outs), len(list(out.glob("runs/*/result.json"))))
+
+
 def main(args, command: str, urls: dict[str, str] | None) -> int:
     """The ``check`` command (``urls``: attach mode's servers, already found answering): 0 when
     every verdict is the expected one, 1 when one differs."""
