@@ -114,9 +114,9 @@ def plan(findings: list[Finding], base: dict, attached: bool, refused=lambda cfg
          ) -> tuple[list[tuple[str, ExperimentConfig]], dict[str, dict], dict[str, str]]:
     """(the runs in execution order, each finding's {which: run key}, not-applicable reasons).
     ``refused(cfg)``: why this build cannot run ``cfg`` (a knob whose checks fail), or None."""
-    default = config_for(Finding("", "", "", "", {}, lambda r: (INCONCLUSIVE, {}), None, None),
-                         None, base)
-    profile = default.profile
+    fields = {**BASE, **base}
+    profile = fields.pop("profile", "cpu")
+    default = ExperimentConfig.for_profile(profile, **fields)  # the servers attach mode has
     uses, skipped, unique = {}, {}, {}
     for f in findings:
         cfgs = runs_of(f, base)
