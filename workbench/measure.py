@@ -261,7 +261,6 @@ def run_coro(coro):
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = e
         finally:
-            loop.close()
             done.set()
 
     threading.Thread(target=target, name="workbench-run", daemon=True).start()
@@ -269,9 +268,14 @@ def run_coro(coro):
         while not done.wait(0.1):
             pass
     except BaseException:
+        # The loop is closed here, not in the thread: an interrupt handled after the run
+        # ended must still find it open (cancelling a finished task does nothing).
         loop.call_soon_threadsafe(task.cancel)
         done.wait()
         raise
+    finally:
+        if done.is_set():
+            loop.close()
     if "error" in box:
         raise box["error"]
     return box["value"]

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import time
 from dataclasses import replace
 
@@ -39,18 +40,29 @@ def test_interrupt_in_a_running_loop_stops_the_run_and_the_next_counts_only_its_
     cfg = replace(base_cfg, num_prompts=6, max_tokens=32, concurrency=1, run_baseline=False)
     clean = pd_session.run(cfg)
 
+    handled = threading.Event()
+
+    def on_sigint(signum, frame):
+        handled.set()
+        signal.default_int_handler(signum, frame)
+
     def interrupt_after_first(side, done, total):
         if side == "pd" and done == 1:
             os.kill(os.getpid(), signal.SIGINT)  # what ipykernel's interrupt sends
+            # The run goes on only once this thread's interrupt was raised in the caller: on
+            # two busy cores the caller may otherwise get the CPU after the last request.
+            assert handled.wait(60), "the caller never handled the interrupt"
 
     async def cell():  # a notebook cell: synchronous code inside the kernel's running loop
         return pd_session.run(cfg, progress=interrupt_after_first, out_dir=tmp_path / "cut")
 
     loop = asyncio.new_event_loop()  # as ipykernel runs its loop: no asyncio.run SIGINT hook
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         with pytest.raises(KeyboardInterrupt):
             loop.run_until_complete(cell())
     finally:
+        signal.signal(signal.SIGINT, previous)
         loop.close()
     saved = json.loads((tmp_path / "cut" / "result.json").read_text())
     assert saved["complete"] is False and "KeyboardInterrupt" in (saved["error"] or "")
