@@ -59,10 +59,10 @@ def phases(log: str, launched: float | None, ready: float | None, year: int) -> 
 
 
 def start_once(role: str, log_dir: Path) -> tuple[str, float, float]:
-    from workbench.channels import FileChannel
     from workbench.config import ExperimentConfig
-    from workbench.plan import server_specs
-    from workbench.servers import start_all
+    from workbench.serving.channels import FileChannel
+    from workbench.serving.plan import server_specs
+    from workbench.serving.servers import start_all
 
     cfg = ExperimentConfig(run_pd=role != "baseline", run_baseline=role == "baseline")
     ch = FileChannel.in_dir(log_dir)

@@ -18,9 +18,9 @@ import statistics
 import time
 from dataclasses import replace
 
-from workbench import profiles
 from workbench.config import ExperimentConfig
 from workbench.experiment import Session
+from workbench.inputs import profiles
 
 
 def measure(cfg: ExperimentConfig, starts: int, runs: int) -> dict:

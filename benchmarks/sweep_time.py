@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from workbench import sweep
 from workbench.config import SWEEP_NUM_PROMPTS, ExperimentConfig
+from workbench.notebook import sweep
 
 
 def main() -> None:

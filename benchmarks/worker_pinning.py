@@ -17,9 +17,9 @@ import argparse
 import statistics
 from dataclasses import replace
 
-from workbench import profiles
 from workbench.config import ExperimentConfig
 from workbench.experiment import Session
+from workbench.inputs import profiles
 from workbench.knobs.spec import ENV_PIN_MAIN_THREAD
 
 

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -39,7 +41,7 @@ k_d = 3  # D's and the baseline's num_speculative_tokens
 target = ""  # target model directory; empty: data/models/target (the trained pair)
 drafter = ""  # EAGLE3 drafter directory; empty: data/models/drafter
 config = {}  # any other ExperimentConfig fields
-attach = {}  # use running servers instead of starting them (see workbench.widgets.open_session)
+attach = {}  # use running servers instead of starting them (widgets.open_session)
 out_dir = "../data/runs/explorer"
 
 # %%
@@ -48,7 +50,7 @@ from pathlib import Path
 from IPython.display import Image, display
 
 from workbench.config import ExperimentConfig
-from workbench.widgets import KnobExplorer, notebook_config, open_session
+from workbench.notebook.widgets import KnobExplorer, notebook_config, open_session
 
 out = Path(out_dir)
 # What the profile changes from the plain defaults (a GPU profile: models, block size, prompt

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -30,8 +32,8 @@ results_store = ""  # a CSV to append this run's row to
 # %%
 from IPython.display import display
 
-from workbench import sweep
 from workbench.config import ExperimentConfig
+from workbench.notebook import sweep
 
 if grid:
     base = ExperimentConfig.from_dict(dict(config)) if config else ExperimentConfig()

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -29,7 +31,7 @@
 # mechanism inside the servers' processes (a historical vLLM bug, upstream's open fix for D's
 # first step, or the client's prompt), and reads back what is in force. The servers start
 # once and stay up for every later run. `profile` picks where they run: `cpu` (this machine),
-# `gpu` or `gpu-single` (`workbench/profiles.py`, `docs/gpu.md`), each with its own models,
+# `gpu` or `gpu-single` (`workbench/inputs/profiles.py`, `docs/gpu.md`), each with its own models,
 # block size and default prompt set.
 
 # %% tags=["parameters"]
@@ -43,7 +45,7 @@ config = {}  # any other ExperimentConfig fields, e.g. {"k_d": 2}
 knobs = {"block_handoff": "legacy"}  # the second run's knobs ({} skips the second run)
 knob_prompt_set = "badcase"  # the second run's prompt set; empty: prompt_set
 kv_probe = True  # the second run also captures every KV layer's blocks on P, D and the baseline
-attach = {}  # use running servers instead of starting them (see workbench.widgets.open_session)
+attach = {}  # use running servers instead of starting them (widgets.open_session)
 out_dir = "../data/runs/tour"
 
 # %%
@@ -53,11 +55,12 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import display
 
-from workbench import kv_compare, kv_plots, plots
 from workbench.config import ExperimentConfig
 from workbench.experiment import with_knobs
+from workbench.figures import kv_plots, plots
 from workbench.knobs import spec
-from workbench.widgets import (
+from workbench.measuring import kv_compare
+from workbench.notebook.widgets import (
     acceptance_frame,
     knob_table,
     notebook_config,

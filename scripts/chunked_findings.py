@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from workbench import stats
 from workbench.config import ExperimentConfig
-from workbench.results import Result
+from workbench.measuring import stats
+from workbench.measuring.results import Result
 
 # name -> ExperimentConfig overrides (every point: 64 tokens, greedy, the CPU profile).
 F1 = "indomain"
@@ -125,7 +125,7 @@ def expected_host_buffer(pr: dict, bs: int, lookahead: int) -> set[int]:
 
 
 def kv_ranges(pos: set[int]) -> list[list[int]]:
-    from workbench.kv_compare import ranges
+    from workbench.measuring.kv_compare import ranges
 
     return ranges(sorted(int(p) for p in pos))
 
@@ -137,7 +137,7 @@ def observed(cmp: dict) -> dict[str, set[int]]:
 
 def prompt_ids(cfg: dict) -> dict[str, list[int]]:
     """The run's prompts' token ids by request id (prompts.build, from its cache)."""
-    from workbench import prompts
+    from workbench.inputs import prompts
 
     ps = prompts.build(cfg["prompt_set"], cfg["num_prompts"], cfg["target"], seed=cfg["seed"],
                        block_size=cfg["block_size"], prompt_file=cfg.get("prompt_file"),
@@ -309,7 +309,7 @@ def cmd_table(a: argparse.Namespace) -> None:
 
 
 def cmd_figures(a: argparse.Namespace) -> None:
-    from workbench import kv_plots
+    from workbench.figures import kv_plots
 
     runs = load_runs(a.runs, a.points)
     for name, r in runs.items():
@@ -325,7 +325,7 @@ def cmd_positions(a: argparse.Namespace) -> None:
     chunk ends as dotted lines and block boundaries as grey ticks."""
     import matplotlib.pyplot as plt
 
-    from workbench.figstyle import STYLE, provenance, save
+    from workbench.figures.figstyle import STYLE, provenance, save
 
     runs = load_runs(a.runs, a.points)
     with plt.rc_context(STYLE):

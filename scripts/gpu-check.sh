@@ -87,4 +87,4 @@ echo "== default knob grid"
 run "$PY" -m workbench sweep --grid default --profile gpu --out "$OUT/sweep"
 
 echo "== pass/fail against vLLM's reference (+-5% per position)"
-run "$PY" -m workbench.gpu_check "$OUT/reference-cuda" "$OUT/reference-cpu"
+run "$PY" -m workbench.measuring.gpu_check "$OUT/reference-cuda" "$OUT/reference-cpu"

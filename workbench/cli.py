@@ -9,10 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import input_checks, rundir
 from .config import SWEEP_NUM_PROMPTS, ConfigError, ExperimentConfig, read_json
+from .inputs import input_checks
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
+from .serving import rundir
 
 
 def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
@@ -168,8 +169,8 @@ def check_before_start(cfg: ExperimentConfig) -> None:
     CLI user hears in a second, not after prompts and tokenizer are loaded: the installed
     vLLM release, and the ports asked for; then what this machine allows (the host, the
     memory a KV cache takes), which only a server's start would tell otherwise."""
-    from .server_set import check_vllm_release
-    from .servers import check_port_free
+    from .serving.server_set import check_vllm_release
+    from .serving.servers import check_port_free
 
     check_vllm_release(cfg.knobs)
     for port in cfg.ports.values():
@@ -181,7 +182,7 @@ def check_prompts(cfgs: list[ExperimentConfig]) -> None:
     """Build each config's prompts, as the run will first thing (the prompt cache keeps them
     for it), and refuse one whose longest prompt and ``max_tokens`` overflow
     ``max_model_len``: vLLM would answer such a request with a 400 once the servers are up."""
-    from . import models, prompts
+    from .inputs import models, prompts
 
     seen = set()
     for cfg in cfgs:
@@ -243,14 +244,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     base = config_from_args(args, defaults={"num_prompts": SWEEP_NUM_PROMPTS})
-    from . import sweep
+    from .notebook import sweep
 
     points = sweep.grid_points(args.grid)  # an unknown grid fails before any server starts
     out = rundir.check_out_dir(args.out)
     check_before_start(base)
     configs = [sweep.point_config(base, pt) for pt in points]
     check_prompts(configs)
-    from .server_set import check_vllm_release
+    from .serving.server_set import check_vllm_release
 
     for cfg in configs:  # a point's knob this build refuses, before the first server starts
         check_vllm_release(cfg.knobs)
@@ -271,8 +272,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Print every server command line and environment, one JSON object per line."""
     import json
 
-    from .channels import FileChannel
-    from .plan import server_specs
+    from .serving.channels import FileChannel
+    from .serving.plan import server_specs
 
     cfg = config_from_args(args, require_models=False)
     ch = FileChannel.in_dir(args.log_dir)
@@ -320,7 +321,7 @@ def cmd_compat(args: argparse.Namespace) -> int:
     from . import compat
 
     if args.installed:
-        from .compat import build
+        from .knobs import build
 
         b = build.installed()
         print(f"{b.summary()} (table entry {b.table_entry}, source {b.source}: "

@@ -11,10 +11,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from . import input_checks, modelfiles, models, profiles
+from .inputs import input_checks, modelfiles, models, profiles
+from .inputs.prompts import SOURCES as _PROMPT_SOURCES
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
-from .prompts import SOURCES as _PROMPT_SOURCES
 
 ROLES = ("p", "d", "baseline")
 SWEEP_NUM_PROMPTS = 64  # a sweep point's prompts unless --prompts or its config file say otherwise
@@ -62,7 +62,7 @@ class ExperimentConfig:
     # counts). The README's "How a run is measured" gives the measurement behind the default.
     concurrency: int = 32
     # Capture every KV layer's blocks per request on P, D and the baseline and compare them
-    # (workbench/knobs/kv_probe.py, workbench/kv_compare.py); carried as the knob kv_probe.
+    # (knobs/kv_probe.py, measuring/kv_compare.py); carried as the knob kv_probe.
     kv_probe: bool = False
     # vLLM's token budget per scheduler step (--max-num-batched-tokens): one for every server,
     # or role -> tokens (unset roles keep vLLM's default); None: vLLM's default. A budget below

@@ -18,20 +18,22 @@ from typing import Any
 
 import httpx
 
-from . import channels, kv_compare, models, profiles, rundir
-from . import prompts as prompt_sets
-from .baseline_cache import BaselineCache
-from .compat import build
 from .config import ConfigError, ExperimentConfig, exposure_notes
-from .input_checks import check_prompt_lengths
+from .inputs import models, profiles
+from .inputs import prompts as prompt_sets
+from .inputs.input_checks import check_prompt_lengths, chunking_note
+from .knobs import build
 from .knobs.kv_probe import prompt_key
 from .knobs.notes import knob_notes
 from .knobs.release import vllm_version
-from .measure import Progress, Requests, measure, run_coro
+from .measuring import kv_compare
+from .measuring.baseline_cache import BaselineCache
+from .measuring.measure import Progress, Requests, measure, run_coro
+from .measuring.results import Result, aggregate, runner_in_force
 from .provenance import git_commit
-from .results import Result, aggregate, runner_in_force
-from .server_set import ServerSet, check_vllm_release
-from .servers import RemoteServer
+from .serving import channels, rundir
+from .serving.server_set import ServerSet, check_vllm_release
+from .serving.servers import RemoteServer
 
 FLUSH_WAIT_S = 0.5  # the plugin flushes its event counters every 0.2 s
 
@@ -188,10 +190,7 @@ class Session:
         if not self.attached:  # a knob this build refuses; Hub ids before the tokenizer
             check_vllm_release(cfg.knobs)
             models.fetch([cfg.target, cfg.drafter])
-        plist = prompt_sets.build(
-            cfg.prompt_set, cfg.num_prompts, cfg.target, seed=cfg.seed,
-            block_size=cfg.block_size, prompt_file=cfg.prompt_file,
-            double_bos=cfg.knobs["double_bos"] == "on")
+        plist = prompt_sets.for_config(cfg)
         check_prompt_lengths(cfg, plist)  # a notebook's run too, before servers start
         if progress and self.needs_start(cfg):
             progress("start", 0, 1)
@@ -202,6 +201,7 @@ class Session:
         result = new_result(cfg, command, len(plist), self.apply_knobs(cfg),
                             self.startup_seconds)
         result.requests = rows = [_row(p, cfg) for p in plist]
+        result.notes += [n for n in (chunking_note(cfg, plist),) if n]
         cache = BaselineCache(self.baseline_cache) if self.baseline_cache else None
         if cache is not None and cfg.kv_probe:
             cache = None  # the probe compares D with this run's baseline KV

@@ -332,7 +332,7 @@ def test_the_033_stand_in_is_vllm_033s_class_no_gpu():
     wheel ``make compat`` caches (skipped where it has not run): the same parameters, the same
     connector calls with and without defer_finalize, and the runner's call order."""
     from workbench.compat import CACHE
-    from workbench.compat.source import WheelSource, def_text, find_def, params
+    from workbench.knobs.source import WheelSource, def_text, find_def, params
 
     wheels = sorted(CACHE.glob("vllm-0.33.0-*.whl"))
     if not wheels:

@@ -76,7 +76,7 @@ def test_gpu_results_get_pass_fail_against_vllms_reference_no_gpu():
     """Stands in for a GPU run: numbers typed in, not measured. The baseline at the reference
     figures passes; D at the regression that started the investigation (position 2 at
     0.3360, 5.2% low) fails."""
-    from workbench.results import Result
+    from workbench.measuring.results import Result
 
     def side(length, per_pos):
         return {"acceptance_length": length, "per_position": per_pos, "num_drafts": 1000,

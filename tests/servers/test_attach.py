@@ -13,10 +13,10 @@ import psutil
 import pytest
 from conftest import alive
 
-from workbench import servers
 from workbench.config import ConfigError, ExperimentConfig
 from workbench.experiment import Session
 from workbench.knobs import channel
+from workbench.serving import servers
 
 pytestmark = pytest.mark.vllm
 

@@ -26,7 +26,7 @@ import papermill as pm
 import pytest
 
 from workbench import paths
-from workbench.servers import free_port
+from workbench.serving.servers import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.vllm]
 

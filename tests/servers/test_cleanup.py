@@ -16,7 +16,7 @@ from conftest import alive, tree_pids
 
 from workbench.config import ExperimentConfig
 from workbench.experiment import Session
-from workbench.results import Result
+from workbench.measuring.results import Result
 
 pytestmark = pytest.mark.vllm
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 from conftest import alive, tree_pids
 
-from workbench.results import Result
+from workbench.measuring.results import Result
 
 pytestmark = [pytest.mark.vllm, pytest.mark.restart]
 

@@ -13,9 +13,10 @@ import psutil
 import pytest
 from conftest import tree_pids
 
-from workbench import rundir, sweep
 from workbench.config import ConfigError, is_loopback
 from workbench.experiment import Session
+from workbench.notebook import sweep
+from workbench.serving import rundir
 
 pytestmark = pytest.mark.vllm
 

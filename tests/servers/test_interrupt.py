@@ -15,7 +15,7 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from workbench import metrics
+from workbench.measuring import metrics
 
 pytestmark = pytest.mark.vllm
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from workbench import metrics, results
+from workbench.measuring import metrics, results
 
 pytestmark = pytest.mark.vllm
 

@@ -1,7 +1,7 @@
 """Every notebook runs headless through papermill against real vLLM servers on the CPU.
 
 The tour and the explorer attach to the shared ``pd_session`` servers (one start for the whole
-suite); so does the sweep: ``workbench.sweep.run_sweep`` executes ``notebooks/sweep.ipynb``
+suite); so does the sweep: ``workbench.notebook.sweep.run_sweep`` executes ``notebooks/sweep.ipynb``
 once per point, is interrupted after its first point and resumed.
 Assertions are on what the notebooks wrote: result.json files, CSVs, figures and their
 provenance metadata, and the injected parameters showing up in the results' config.
@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from workbench import paths
-from workbench.sweep import Point, run_sweep
+from workbench.notebook.sweep import Point, run_sweep
 
 pytestmark = pytest.mark.vllm
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from workbench import metrics
+from workbench.measuring import metrics
 
 pytestmark = pytest.mark.vllm
 
@@ -89,7 +89,8 @@ def test_a_new_version_waits_for_p_to_free_blocks_d_has_not_read_yet(pd_session,
     import threading
     import time
 
-    from workbench import measure, proxy
+    from workbench.measuring import measure
+    from workbench.serving import proxy
 
     body = {**measure.request_body(base_cfg), "max_tokens": 2,
             "prompt": "def held_blocks(x):\n    return x\n" * 12}
@@ -142,8 +143,8 @@ def test_extra_draft_on_d_is_the_schedulers_spec_decode_padding(pd_session, base
     every batch size, so nothing else changes) must count exactly the baseline's drafts."""
     import json
 
-    from workbench import plan
     from workbench.experiment import Session
+    from workbench.serving import plan
 
     cfg = replace(base_cfg, num_prompts=8, max_tokens=32)
     ref = pd_session.run(cfg)

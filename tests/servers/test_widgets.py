@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 from PIL import Image
 
-from workbench.widgets import KnobExplorer
+from workbench.notebook.widgets import KnobExplorer
 
 
 @pytest.mark.vllm

@@ -23,9 +23,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from workbench import cli, input_checks, modelfiles, prompts, rundir, servers, sweep
+from workbench import cli
 from workbench.config import ExperimentConfig
+from workbench.inputs import input_checks, modelfiles, prompts
 from workbench.knobs import release
+from workbench.notebook import sweep
+from workbench.serving import rundir, servers
 
 REFUSE_WITHIN_S = 10.0  # in-process; the servers' start-up alone takes 30-70 s on the CPU
 TALLY = {"tried": 0, "refused_early": 0, "processes_left": 0}
@@ -363,7 +366,7 @@ def _vllm_descendants() -> list[psutil.Process]:
             cmd = " ".join(p.cmdline())
         except psutil.Error:
             continue
-        if "vllm" in cmd or "workbench.reaper" in cmd:
+        if "vllm" in cmd or "workbench.serving.reaper" in cmd:
             out.append(p)
     return out
 

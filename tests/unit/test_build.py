@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from workbench import devbuild
-from workbench.compat import build
-from workbench.compat.source import DirSource
-from workbench.knobs import component, spec
+from workbench.knobs import build, component, spec
+from workbench.knobs.source import DirSource
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches" / "vllm-0.32.0"
 KV_MANAGER = "vllm/v1/core/kv_cache_manager.py"

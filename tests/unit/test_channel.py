@@ -163,9 +163,10 @@ def test_plugin_accepts_both_releases(monkeypatch, tmp_path, version):
 
 
 def test_session_refuses_an_unknown_release_before_any_server_starts(monkeypatch, tmp_path):
-    from workbench import experiment, server_set
+    from workbench import experiment
     from workbench.config import ConfigError, ExperimentConfig
     from workbench.knobs import release
+    from workbench.serving import server_set
 
     monkeypatch.setattr(release, "vllm_version", lambda: "0.31.2")  # older than every entry
     started = []

@@ -69,7 +69,7 @@ def test_the_import_graph_has_no_cycle():
     mods = modules()
     graph = {name: imported(name, tree, set(mods)) for name, tree in mods.items()}
     assert graph["workbench.knobs.plugin"] >= {"workbench.knobs.component"}  # the walk sees edges
-    assert "workbench.experiment" in graph["workbench.sweep"]  # function-level imports count
+    assert "workbench.experiment" in graph["workbench.notebook.sweep"]  # in-function imports count
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
@@ -92,3 +92,37 @@ def test_session_is_orchestration_only():
     (session,) = [n for n in ast.walk(modules()["workbench.experiment"])
                   if isinstance(n, ast.ClassDef) and n.name == "Session"]
     assert session.end_lineno - session.lineno + 1 < 200
+
+
+# The stages, top to bottom: a module imports only from its own group or from a group listed
+# after it. Top-level modules are groups of one.
+GROUPS = ("__main__", "cli", "notebook", "findings", "releases", "compat", "devbuild",
+          "experiment", "figures", "measuring", "serving", "config", "inputs", "training",
+          "knobs", "provenance", "paths")
+
+
+def group(module: str) -> str:
+    return module.split(".")[1] if "." in module else "workbench"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    rank = {g: i for i, g in enumerate(GROUPS)}
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                  if group(t) != group(m) and rank[group(t)] < rank[group(m)])
+
+
+def test_every_module_belongs_to_a_listed_group():
+    assert {group(m) for m in modules()} - {"workbench"} == set(GROUPS)
+
+
+def test_groups_import_downward_only():
+    mods = modules()
+    graph = {name: imported(name, tree, set(mods)) for name, tree in mods.items()}
+    assert "workbench.config" in graph["workbench.serving.servers"]  # the walk sees groups
+    assert not upward_imports(graph), "upward imports:\n" + "\n".join(upward_imports(graph))
+
+
+def test_upward_import_finder_finds_one():
+    assert upward_imports({"workbench.config": {"workbench.serving.servers"}}) == [
+        "workbench.config -> workbench.serving.servers"]
+    assert upward_imports({"workbench.serving.servers": {"workbench.config"}}) == []

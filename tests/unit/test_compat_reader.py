@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from workbench.compat import checks
-from workbench.compat.source import DirSource, find_def, params
+from workbench.knobs import patch_checks
+from workbench.knobs.source import DirSource, find_def, params
 
 KV = '''
 from .impl import Zeroer
@@ -51,18 +52,19 @@ def test_reader_finds_methods_and_follows_reexports(tmp_path):
 
 def test_a_check_that_no_longer_holds_fails_with_its_reason(tmp_path):
     src = tree(tmp_path)
-    old = checks._target("vllm.w.kv", "ActiveKVConnector", "post_forward",
+    old = patch_checks._target("vllm.w.kv", "ActiveKVConnector", "post_forward",
                          ["self", "finished_req_ids"])
     ok, why = old.run(src)
     assert not ok and "takes (self, finished_req_ids, defer_finalize)" in why
-    ok, why = checks._target("vllm.w.kv", "ActiveKVConnector", "finalize_step", ["self"]).run(src)
+    gone = patch_checks._target("vllm.w.kv", "ActiveKVConnector", "finalize_step", ["self"])
+    ok, why = gone.run(src)
     assert not ok and "missing" in why
-    order = checks._order("vllm.w.kv", "ActiveKVConnector.post_forward",
-                          ("wait_for_save()", "if not defer_finalize:"))
+    order = patch_checks._order("vllm.w.kv", "ActiveKVConnector.post_forward",
+                                ("wait_for_save()", "if not defer_finalize:"))
     ok, why = order.run(src)
     assert not ok and "not found after" in why
-    assert checks._order("vllm.w.kv", "ActiveKVConnector.post_forward",
-                         ("if not defer_finalize:", "wait_for_save()")).run(src)[0]
+    assert patch_checks._order("vllm.w.kv", "ActiveKVConnector.post_forward",
+                               ("if not defer_finalize:", "wait_for_save()")).run(src)[0]
 
 
 def test_env_names_and_choices(tmp_path):

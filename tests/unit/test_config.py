@@ -5,9 +5,10 @@ import socket
 
 import pytest
 
-from workbench import cli, servers
+from workbench import cli
 from workbench.config import ConfigError, ExperimentConfig, exposure_notes
 from workbench.knobs import spec as knob_spec
+from workbench.serving import servers
 
 
 @pytest.fixture
@@ -89,7 +90,7 @@ def test_config_round_trips_through_json(tiny_pair, tmp_path):
 
 def test_servers_bind_loopback_by_default(tiny_pair, tmp_path):
     cfg = ExperimentConfig(target=str(tiny_pair[0]), drafter=str(tiny_pair[1]))
-    from workbench.plan import server_specs
+    from workbench.serving.plan import server_specs
 
     for spec in server_specs(cfg, tmp_path):
         cmd = spec.command()
@@ -121,7 +122,7 @@ def test_session_paths_are_absolute(tmp_path, monkeypatch):
 
 
 def test_cpu_profile_servers_get_the_delay_gpu_profiles_do_not(tmp_path):
-    from workbench.plan import server_specs
+    from workbench.serving.plan import server_specs
 
     envs = {r.role: r.env() for r in server_specs(ExperimentConfig(require_models=False), tmp_path)}
     assert envs["p"][knob_spec.ENV_NIXL_PROGRESS_DELAY_US] == "1000"
@@ -139,7 +140,7 @@ def test_a_remote_host_needs_allow_remote_and_is_noted(tiny_pair, tmp_path):
                            allow_remote=True)
     (note,) = exposure_notes(cfg)
     assert "0.0.0.0" in note and "side channel" in note
-    from workbench.plan import server_specs
+    from workbench.serving.plan import server_specs
 
     for spec in server_specs(cfg, tmp_path):
         assert spec.command()[spec.command().index("--host") + 1] == "0.0.0.0"

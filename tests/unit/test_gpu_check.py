@@ -44,7 +44,7 @@ def test_dry_run_prints_every_step_and_runs_none(dry_run):
     assert (f"{py} -m workbench run {shape} --knob transfer=host-staged "
             f"--out {runs}/reference-cpu") in cmds
     assert f"{py} -m workbench sweep --grid default --profile gpu --out {runs}/sweep" in cmds
-    assert cmds[-1] == (f"{py} -m workbench.gpu_check {runs}/reference-cuda "
+    assert cmds[-1] == (f"{py} -m workbench.measuring.gpu_check {runs}/reference-cuda "
                         f"{runs}/reference-cpu")
     assert not venv.exists() and not runs.exists()  # nothing ran
 
@@ -69,7 +69,7 @@ def test_unknown_argument_is_refused():
 
 
 def _result(tmp: Path, name: str, pd_pos: list[float], length: float) -> Path:
-    from workbench.results import Result
+    from workbench.measuring.results import Result
 
     side = {"acceptance_length": length, "per_position": pd_pos, "num_drafts": 1000,
             "conditional": pd_pos}
@@ -84,7 +84,7 @@ def _result(tmp: Path, name: str, pd_pos: list[float], length: float) -> Path:
 def test_verdict_passes_within_five_percent_and_fails_outside(tmp_path, capsys):
     """Numbers typed in (no GPU here): D at the reference passes; D at the regression that
     started the investigation (position 2 at 0.3360, 5.2% low) fails."""
-    from workbench import gpu_check
+    from workbench.measuring import gpu_check
 
     good = _result(tmp_path, "good", [0.72, 0.52, 0.35], 2.59)
     bad = _result(tmp_path, "bad", [0.7296, 0.5208, 0.3360], 2.58)

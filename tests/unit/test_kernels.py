@@ -12,7 +12,7 @@ import psutil
 from jupyter_core.utils import run_sync
 
 from workbench import paths
-from workbench.kernels import KernelStarter
+from workbench.notebook.kernels import KernelStarter
 
 
 def pid_of(km) -> int:

@@ -112,7 +112,7 @@ def test_a_new_knob_reaches_the_cli_the_config_and_the_widget_panel(demo_knob, c
     from workbench import cli
     from workbench.config import ExperimentConfig
     from workbench.experiment import Session
-    from workbench.widgets import KnobExplorer, knob_table
+    from workbench.notebook.widgets import KnobExplorer, knob_table
 
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from workbench import kv_compare
 from workbench.knobs import kv_probe
+from workbench.measuring import kv_compare
 
 BS = 4
 

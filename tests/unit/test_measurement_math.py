@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from workbench import metrics, results
 from workbench.config import ConfigError, ExperimentConfig
 from workbench.knobs import spec
 from workbench.knobs.notes import knob_notes
-from workbench.measure import spec_metrics
+from workbench.measuring import metrics, results
+from workbench.measuring.measure import spec_metrics
 
 # D's padded first step (0 accepted), then steps accepting 2, 0, 3 and 1 of k=3 drafts.
 SD = {"num_spec_tokens": 3, "num_spec_steps": 5, "per_step_accepted": [0, 2, 0, 3, 1],

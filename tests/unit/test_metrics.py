@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import metrics
+from workbench.measuring import metrics
 
 DATA = Path(__file__).parents[1] / "data"
 

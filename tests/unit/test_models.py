@@ -7,8 +7,8 @@ import types
 
 import pytest
 
-from workbench import models
 from workbench.config import ConfigError, ExperimentConfig
+from workbench.inputs import models
 
 
 def test_hub_ids_and_local_directories(tmp_path):
@@ -60,7 +60,7 @@ def test_fetch_offline_uses_the_cache_only(monkeypatch):
 
 
 def test_result_names_the_runner_the_workers_reported():
-    from workbench.results import runner_in_force
+    from workbench.measuring.results import runner_in_force
 
     def worker(runner):
         return {"components": {"worker": {"runner": runner}, "engine_core": {"runner": "v1"}}}

@@ -12,8 +12,8 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.container import ErrorbarContainer
 
-from workbench import plots
-from workbench.results import Result
+from workbench.figures import plots
+from workbench.measuring.results import Result
 
 EXTS = ("png", "svg", "pdf")
 

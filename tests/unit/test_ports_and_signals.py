@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from workbench import servers
 from workbench.config import ConfigError
+from workbench.serving import servers
 
 
 def _time_wait_port() -> int:
@@ -184,7 +184,7 @@ def test_a_port_the_user_chose_is_not_silently_changed(tmp_path):
 
 SIGTERM_WHILE_LOCKED = textwrap.dedent("""
     import os, signal, sys
-    from workbench import servers
+    from workbench.serving import servers
     signal.signal(signal.SIGTERM, lambda *a: None)  # the handler chains to this one
     servers._install_handlers()
     with servers._LOCK:  # as while a server is added to or removed from the live set

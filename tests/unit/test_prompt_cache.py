@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from workbench import prompt_cache, prompts
+from workbench.inputs import prompt_cache, prompts
 from workbench.paths import DEFAULT_TARGET
 
 TARGET = str(DEFAULT_TARGET)
@@ -57,7 +57,7 @@ def test_an_unreadable_entry_is_built_again(cache):
 
 def test_a_fresh_process_gets_the_ids_without_transformers():
     ps = prompts.build("indomain", 16, TARGET)  # the repository's cache, as a sweep uses it
-    code = ("import json, sys; from workbench import prompts; "
+    code = ("import json, sys; from workbench.inputs import prompts; "
             f"ps = prompts.build('indomain', 16, {TARGET!r}); "
             "print(json.dumps([[p.token_ids for p in ps], 'transformers' in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from workbench.compat.source import installed_source
 from workbench.config import ConfigError
 from workbench.knobs.release import base_version, version_key, vllm_version
+from workbench.knobs.source import installed_source
 from workbench.paths import DATA
 from workbench.releases import compare, native_result, run, survey, table
 

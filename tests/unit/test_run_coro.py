@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from workbench.measure import run_coro
+from workbench.measuring.measure import run_coro
 
 
 def test_an_interrupt_inside_a_running_loop_cancels_the_coroutine_and_waits():

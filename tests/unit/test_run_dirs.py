@@ -11,11 +11,11 @@ import subprocess
 import pandas as pd
 import pytest
 
-from workbench import channels, rundir, servers
 from workbench.config import ExperimentConfig
 from workbench.experiment import Session
+from workbench.measuring.results import Result, append_to_store
 from workbench.provenance import atomic_path
-from workbench.results import Result, append_to_store
+from workbench.serving import channels, rundir, servers
 
 
 def test_new_run_dirs_are_private(tmp_path):

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from workbench import channels, plan
 from workbench.config import ExperimentConfig
 from workbench.knobs import spec as knob_spec
-from workbench.server_set import ServerSet
+from workbench.serving import channels, plan
+from workbench.serving.server_set import ServerSet
 
 
 class Running:
@@ -61,7 +61,8 @@ def test_hub_models_are_fetched_before_any_server_starts_with_stand_ins(tmp_path
     """A sweep's driver starts the servers itself (its notebook kernels attach), so the
     one download of a Hub id (``models.fetch``) must come with the start, not only with
     ``Session.run``. The download and the start are stand-ins here (no network, no GPU)."""
-    from workbench import models, server_set
+    from workbench.inputs import models
+    from workbench.serving import server_set
 
     order: list[str] = []
     monkeypatch.setattr(models, "fetch", lambda names: order.append(f"fetch {names}"))

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from workbench import stats
+from workbench.measuring import stats
 
 
 def requests(n: int, seed: int, rates=(0.7, 0.6, 0.5)) -> tuple[np.ndarray, np.ndarray]:

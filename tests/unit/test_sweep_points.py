@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from workbench import rundir, servers, sweep
 from workbench.config import ConfigError, ExperimentConfig
-from workbench.results import Result
+from workbench.measuring.results import Result
+from workbench.notebook import sweep
+from workbench.serving import rundir, servers
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def _complete_point(point_dir: Path, cfg: ExperimentConfig, ident: sweep.PointId
 FIRST_SWEEP = """
 import json, sys
 from pathlib import Path
-from workbench import sweep
+from workbench.notebook import sweep
 from workbench.config import ExperimentConfig
 from workbench.provenance import atomic_write_json
 target, drafter, point_dir = sys.argv[1:4]

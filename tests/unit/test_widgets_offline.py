@@ -7,9 +7,9 @@ import pytest
 
 from workbench.config import ConfigError
 from workbench.experiment import Session
-from workbench.history import claim_run_dir
 from workbench.knobs import spec
-from workbench.widgets import KnobExplorer, knob_table
+from workbench.notebook.history import claim_run_dir
+from workbench.notebook.widgets import KnobExplorer, knob_table
 
 
 @pytest.fixture()

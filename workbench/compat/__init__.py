@@ -20,17 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from ..knobs import release as releases
+from ..knobs.patch_checks import Check, patch_checks
+from ..knobs.source import Source, WheelSource, fetch_wheel, installed_source
 from ..paths import DATA, REPO
 from . import test_script
-from .checks import (
-    Check,
-    entry_checks,
-    field_checks,
-    flag_checks,
-    metric_checks,
-    patch_checks,
-)
-from .source import Source, WheelSource, fetch_wheel, installed_source
+from .checks import entry_checks, field_checks, flag_checks, metric_checks
 
 RECORDS = DATA / "compat"
 CACHE = REPO / ".cache" / "compat"
@@ -44,7 +38,7 @@ def profile_servers() -> list[dict[str, Any]]:
     """What ``plan`` prints for every profile, with NIXL's device buffer and host staging
     (on a GPU ``kv_buffer_device`` ``cuda`` and ``cpu``), ports left to the OS."""
     from ..config import ExperimentConfig
-    from ..plan import server_specs
+    from ..serving.plan import server_specs
 
     out = []
     for profile in PROFILES:

@@ -3,7 +3,8 @@
 Families (``kind``):
 
 * ``target``: every patch target of the release's ``knobs/release.RELEASES`` entry exists with
-  the parameters its wrapper expects (the ``*_TARGETS`` tuples);
+  the parameters its wrapper expects (the ``*_TARGETS`` tuples; ``knobs/patch_checks.py``,
+  which the plugin runs too);
 * ``order``: every source fact a mechanism relies on, including the call order (the
   ``*_SOURCE`` tuples: for example ``GPUModelRunner.sample_tokens`` calls
   ``finalize_step`` after ``self.speculator.propose(`` in 0.33.0's Model Runner V2, and the V1
@@ -18,7 +19,7 @@ Families (``kind``):
   ``AttentionBackendEnum`` member,
   ``VLLM_*`` variables as keys of ``vllm/envs.py``'s ``environment_variables`` (and a value
   among its ``env_with_choices`` choices);
-* ``metric``: every Prometheus name ``workbench/metrics.py`` reads is still created;
+* ``metric``: every Prometheus name ``workbench/measuring/metrics.py`` reads is still created;
 * ``field``: the per-request spec-decode metrics field (``--per-request-spec-decode-metrics``,
   ``ObservabilityConfig.per_request_spec_decode_metrics``, and the response's
   ``PerRequestMetrics.speculative_decoding`` with the per-step arrays ``measure.py`` reads).
@@ -28,68 +29,12 @@ from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
-from .. import metrics
-from ..knobs.component import resolve
-from ..knobs.release import Release
-from ..servers import API_SERVER_MODULE
-from .source import Source, class_fields, def_text, files_defining, find_def, params
-
-Outcome = tuple[bool, str]  # (passed, where it was found or why it failed)
-
-
-@dataclass(frozen=True)
-class Check:
-    kind: str
-    name: str
-    run: Callable[[Source], Outcome]
-
-
-# ------------------------------------------------------------------------- patch targets --
-def _target(module: str, cls: str | None, attr: str, expected: list[str] | None) -> Check:
-    qual = f"{cls}.{attr}" if cls else attr
-    shown = f"({', '.join(expected)})" if expected is not None else ""
-
-    def run(src: Source) -> Outcome:
-        found = find_def(src, module, qual)
-        if found is None:
-            return False, f"{module}:{qual} is missing"
-        node, rel = found
-        if expected is not None:
-            got = params(node) if not isinstance(node, ast.ClassDef) else []
-            if got != expected:
-                return False, f"{rel}:{node.lineno} takes ({', '.join(got)})"
-        return True, f"{rel}:{node.lineno}"
-
-    return Check("target", f"{module}:{qual}{shown}", run)
-
-
-def _order(module: str, qual: str, snippets: tuple[str, ...]) -> Check:
-    def run(src: Source) -> Outcome:
-        found = find_def(src, module, qual)
-        if found is None:
-            return False, f"{module}:{qual} is missing"
-        node, rel = found
-        text, at = def_text(src, node, rel), 0
-        for s in snippets:
-            at = text.find(s, at)
-            if at < 0:
-                return False, f"{rel}:{node.lineno}: {s!r} not found after the snippet before it"
-            at += len(s)
-        return True, f"{rel}:{node.lineno}"
-
-    return Check("order", f"{module}:{qual}: " + " < ".join(snippets), run)
-
-
-def patch_checks(release: Release) -> Iterator[Check]:
-    """Every target and source fact of every patch set of ``release``, in table order."""
-    for ps in release.patches.values():
-        for module, cls, attr, expected in resolve(ps.targets):
-            yield _target(module, cls, attr, expected)
-        for module, qual, snippets in resolve(ps.source) if ps.source else ():
-            yield _order(module, qual, snippets)
+from ..knobs.patch_checks import Check, Outcome
+from ..knobs.source import Source, class_fields, files_defining, find_def
+from ..measuring import metrics
+from ..serving.servers import API_SERVER_MODULE
 
 
 def entry_checks() -> Iterator[Check]:
@@ -257,7 +202,7 @@ def _metric(name: str) -> Check:
 
 
 def metric_checks() -> Iterator[Check]:
-    """Every ``vllm:`` sample name ``workbench/metrics.py`` parses."""
+    """Every ``vllm:`` sample name ``workbench/measuring/metrics.py`` parses."""
     for value in vars(metrics).values():
         if isinstance(value, str) and value.startswith("vllm:"):
             yield _metric(value)

@@ -271,9 +271,10 @@ def run(only: str | None, out: str | Path, *, expect: str | None = None,
         command: str = "python -m workbench check") -> Checked:
     """Plan, run and judge the findings ``only`` names (all when None); write check.json, and
     JUnit XML and reports when asked. Bad input raises ConfigError before any server starts."""
-    from .. import experiment, rundir
-    from ..compat import build
-    from ..server_set import check_vllm_release
+    from .. import experiment
+    from ..knobs import build
+    from ..serving import rundir
+    from ..serving.server_set import check_vllm_release
 
     findings = select(only)
     out = rundir.check_out_dir(str(out))

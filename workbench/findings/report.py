@@ -17,8 +17,8 @@ from importlib import metadata
 from pathlib import Path
 
 from ..config import ExperimentConfig
-from ..plan import server_specs
-from ..results import Result
+from ..measuring.results import Result
+from ..serving.plan import server_specs
 from . import FINDINGS
 from .finding import PRESENT, Finding
 
@@ -88,7 +88,7 @@ def observed(result: dict) -> list[str]:
 
 def figure(f: Finding, result: dict, out: Path) -> str | None:
     """The finding's figure beside its page (PNG); None when there is nothing to draw."""
-    from .. import kv_plots, plots
+    from ..figures import kv_plots, plots
 
     r = Result(**result)
     made = (kv_plots.kv_probe([r], out, stem=f.id) if f.figure == "kv_probe"

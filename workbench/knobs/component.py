@@ -30,7 +30,7 @@ EVENT_FLUSH_S = 0.2
 
 _registry_lock = threading.Lock()
 _components: dict[str, Component] = {}
-# Knob -> the failing patch checks that refuse it on this build (compat/build.py): its hooks
+# Knob -> the failing patch checks that refuse it on this build (knobs/build.py): its hooks
 # are never installed, and a control version asking for another value than its default fails.
 _refused: dict[str, list[str]] = {}
 

@@ -47,7 +47,7 @@ SOURCE = (
 
 _lock = threading.Lock()
 _installed = False
-_build = None  # compat.build.Build of this process, once registered with the knobs on
+_build = None  # build.Build of this process, once registered with the knobs on
 
 
 def set_build(b) -> None:
@@ -94,9 +94,9 @@ def _observe_only(report_dir: str, knobs_asked: bool) -> None:
 
 
 def _verdict():
-    """The build's verdict (``compat/build.py``): the one the workbench handed this server, or
+    """The build's verdict (``knobs/build.py``): the one the workbench handed this server, or
     computed here for a server started by hand. Patches whose checks failed are never made."""
-    from ..compat import build
+    from . import build
 
     b = build.from_env() or build.installed()
     if (why := build.refusal(b, {})) is not None:

@@ -123,7 +123,7 @@ def table_entry(version: str) -> tuple[str, str]:
     """``(entry, source)`` for a vLLM version: the release itself and ``"table"`` when the table
     has it; else the nearest release at or below it (the newest when it is newer than every
     entry) and ``"installed-source"``: its patch checks must then pass on the installed source
-    (``compat/build.py``). Raises RuntimeError for a version older than every entry."""
+    (``knobs/build.py``). Raises RuntimeError for a version older than every entry."""
     base = base_version(version)
     if base in RELEASES:
         return base, "table"

@@ -16,8 +16,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..figstyle import STYLE, save
-from ..plots import error_bars, mark_small
+from ..figures.figstyle import STYLE, save
+from ..figures.plots import error_bars, mark_small
 
 # Per kind, one shade per series of that kind (native red, the knob oranges, fixed blues).
 SHADES = {"native": ("tab:red", "firebrick"), "knob": ("tab:orange", "gold", "peru"),

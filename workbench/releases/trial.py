@@ -40,14 +40,16 @@ from typing import Any
 
 import httpx
 
-from .. import metrics, prompts, proxy
 from ..config import ExperimentConfig
+from ..inputs import prompts
 from ..knobs import compat_fixes, observe
-from ..measure import request_body
-from ..plan import server_specs
+from ..measuring import metrics
+from ..measuring.measure import request_body
+from ..measuring.results import first_diff
 from ..provenance import atomic_write_json
-from ..results import first_diff
-from ..servers import ServerSpec, VllmServer
+from ..serving import proxy
+from ..serving.plan import server_specs
+from ..serving.servers import ServerSpec, VllmServer
 
 # Lines of a server log worth keeping in the record (the rest is start-up noise).
 LOG_KEEP = ("Error", "error", "Traceback", "WARNING", "workbench release fixes", "nixl",

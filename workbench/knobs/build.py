@@ -2,7 +2,7 @@
 
 A build the table lacks (a dev build, a PR branch, a newer release) uses the entry of the
 nearest release at or below it (``release.table_entry``). Whatever the version, the entry's
-patch checks (its ``*_TARGETS`` and ``*_SOURCE``, ``checks.patch_checks``) run on the
+patch checks (its ``*_TARGETS`` and ``*_SOURCE``, ``patch_checks.py``) run on the
 installed source before any server starts, because a release with one file patched keeps its
 version. A knob is refused when a check of one of its mechanisms fails; the rest stay usable.
 The servers the workbench starts get the verdict in ``ENV_VERDICT``, so the plugin inside vLLM
@@ -18,9 +18,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
-from ..knobs import release
-from ..knobs import spec as knob_spec
-from .checks import patch_checks
+from . import release
+from . import spec as knob_spec
+from .patch_checks import patch_checks
 from .source import DirSource, installed_source
 
 ENV_VERDICT = "WORKBENCH_BUILD_VERDICT"  # JSON of Build, set on every server the workbench starts

@@ -14,7 +14,7 @@ The kernels talk over IPC (Unix sockets) in a directory only this user can enter
 TCP: jupyter's default binds five unencrypted TCP ports on loopback, which any local user can
 connect to, and ipykernel warns about it at every kernel start (once per sweep point). The
 connection file and its key live in the same directory; ``close`` removes it. The kernel
-process is :func:`main` (``python -m workbench.kernels``), which also keeps ipykernel from
+process is :func:`main` (``python -m workbench.notebook.kernels``), which also keeps ipykernel from
 opening its one other TCP listener.
 """
 
@@ -28,11 +28,11 @@ from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 
-from .rundir import fresh_private_dir
+from ..serving.rundir import fresh_private_dir
 
-KERNEL_MODULE = "workbench.kernels"  # run in place of ipykernel_launcher (main below)
+KERNEL_MODULE = "workbench.notebook.kernels"  # run in place of ipykernel_launcher (main below)
 
-PRELOAD = ("workbench.sweep", "workbench.experiment")  # what the sweep notebook imports
+PRELOAD = ("workbench.notebook.sweep", "workbench.experiment")  # what the sweep notebook imports
 
 
 class KernelStarter:

@@ -20,7 +20,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from . import models, paths, profiles
+from .. import paths
+from . import models, profiles
 
 # What a prompt file's line must be; every prompt-file message ends with it.
 LINE_FORMS = ('one JSON object per line: {"text": "..."} or {"prompt_token_ids": [1, 2, 3]} '
@@ -175,6 +176,23 @@ def check_prompt_lengths(cfg: Any, prompts: list) -> None:
             f"the longest prompt ({longest.id!r}, {n} tokens) plus max_tokens={cfg.max_tokens} "
             f"is {n + cfg.max_tokens} tokens, more than max_model_len={cfg.max_model_len}; "
             f"allowed: max_tokens <= {max(cfg.max_model_len - n, 0)}, or shorter prompts")
+
+
+def chunking_note(cfg: Any, prompts: list) -> str | None:
+    """Why a host-staged run may lose KV: P splits a prefill into chunks once the prompts in
+    flight need more tokens than its step budget, and vLLM's NIXL host buffer keeps only the
+    blocks a step newly allocated (``check`` finding ``host-buffer-chunk-boundary``)."""
+    if cfg.knobs.get("transfer") != "host-staged" or not prompts:
+        return None
+    budget = cfg.budget("p") or profiles.get(cfg.profile).step_budget
+    longest = max(len(p.token_ids) for p in prompts)
+    if budget is not None and min(cfg.concurrency, len(prompts)) * longest <= budget:
+        return None
+    fits = f"; at most {budget // longest} in flight keep every prefill whole" if budget else ""
+    return (f"host staging with {cfg.concurrency} in flight: P may split a prefill into "
+            f"chunks ({cfg.concurrency} x {longest} tokens, P's step budget "
+            f"{budget or 'unknown'}), and a build with the host-buffer-chunk-boundary finding "
+            f"then loses KV on its way to D{fits}")
 
 
 # --- what the models' config.json allow --------------------------------------------------

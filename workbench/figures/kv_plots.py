@@ -15,8 +15,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ..measuring.results import Result
 from .figstyle import STYLE, label, provenance, save
-from .results import Result
 
 FLOOR = 1e-8  # log scale's bottom for differences that exist but are tiny
 

@@ -17,8 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from . import paths
-from .provenance import atomic_write_json
+from .. import paths
+from ..provenance import atomic_write_json
 
 CACHE = paths.REPO / ".cache" / "prompts"
 # The files of a model directory that decide its tokenizer's output.

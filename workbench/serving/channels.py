@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..config import ConfigError, ExperimentConfig
+from ..knobs import channel, http_channel
+from ..knobs import spec as knob_spec
+from ..provenance import atomic_write_json
 from . import rundir
-from .config import ConfigError, ExperimentConfig
-from .knobs import channel, http_channel
-from .knobs import spec as knob_spec
-from .provenance import atomic_write_json
 
 ACK_TIMEOUT_S = 180.0
 

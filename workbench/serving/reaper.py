@@ -1,6 +1,6 @@
 """Run one server command and make sure its whole process tree dies with it.
 
-``python -m workbench.reaper --parent PID -- CMD ...``: starts CMD, then stops CMD's process
+``python -m workbench.serving.reaper --parent PID -- CMD ...``: starts CMD, then stops CMD's process
 tree (SIGTERM, then SIGKILL after a grace period) when this reaper gets SIGTERM/SIGINT/SIGHUP,
 when CMD exits, or when PID (the workbench process) is gone, e.g. a Jupyter kernel that was
 SIGKILLed on restart and had no chance to run its own clean-up.
@@ -54,7 +54,7 @@ def _descendants(p: psutil.Process) -> list[psutil.Process]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m workbench.reaper")
+    ap = argparse.ArgumentParser(prog="python -m workbench.serving.reaper")
     ap.add_argument("--parent", type=int, required=True)
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.5)
 
     if stop["why"] is not None:
-        print(f"[workbench.reaper] stopping server tree: {stop['why']}", file=sys.stderr,
+        print(f"[workbench.serving.reaper] stopping server tree: {stop['why']}", file=sys.stderr,
               flush=True)
     terminate_tree(me)
     with contextlib.suppress(subprocess.TimeoutExpired):

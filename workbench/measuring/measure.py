@@ -25,11 +25,11 @@ from typing import Any
 
 import httpx
 
+from ..config import ExperimentConfig
+from ..inputs.prompts import Prompt
+from ..serving.proxy import pd_complete
 from . import metrics
 from .baseline_cache import BaselineCache
-from .config import ExperimentConfig
-from .prompts import Prompt
-from .proxy import pd_complete
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 SIDE_SERVERS = {"baseline": ("baseline",), "pd": ("d", "p")}  # counted server first

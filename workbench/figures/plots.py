@@ -15,10 +15,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ..measuring.results import Result
 from . import kv_plots
 from .figstyle import STYLE, label, provenance, save
 from .figstyle import changed_knobs as changed_knobs
-from .results import Result
 
 BASELINE_COLOR = "black"
 TOLERANCE = 0.05  # vLLM's PD + spec-decode acceptance test: two-sided 5% relative

@@ -13,8 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from . import paths, prompt_cache
+from .. import paths
+from . import prompt_cache
 
 # Prompt sets that need D to hold the prompt's prefix before the PD request, so that D loads only
 # the tail from P (the README's 'last block' points).
@@ -169,6 +171,13 @@ def build(name: str, n: int, model_dir: str, *, seed: int = 0, block_size: int =
                      prompt_file=prompt_file, double_bos=double_bos)
     prompt_cache.store(k, prompts)
     return prompts
+
+
+def for_config(cfg: Any) -> list[Prompt]:
+    """The prompts an ``ExperimentConfig`` runs."""
+    return build(cfg.prompt_set, cfg.num_prompts, cfg.target, seed=cfg.seed,
+                 block_size=cfg.block_size, prompt_file=cfg.prompt_file,
+                 double_bos=cfg.knobs["double_bos"] == "on")
 
 
 def _build(name: str, n: int, model_dir: str, *, seed: int, block_size: int,

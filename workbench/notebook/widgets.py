@@ -23,12 +23,13 @@ from typing import Any
 
 import pandas as pd
 
-from . import kv_plots, paths, plots
-from . import prompts as prompt_sets
-from .config import ConfigError, ExperimentConfig
+from .. import paths
+from ..config import ConfigError, ExperimentConfig
+from ..figures import kv_plots, plots
+from ..inputs import prompts as prompt_sets
+from ..knobs import spec as knob_spec
+from ..measuring.results import Result, knobs_in_force
 from .history import RunHistory, claim_run_dir
-from .knobs import spec as knob_spec
-from .results import Result, knobs_in_force
 
 # --------------------------------------------------------------------------------------
 # Helpers both notebooks use
@@ -60,7 +61,7 @@ def open_session(attach: dict | None = None, *, log_dir: str | Path | None = Non
     """One ``Session`` for a notebook: servers of its own (started on the first run, stopped
     at exit), or, with ``attach`` (the dict ``sweep.run_sweep`` passes its points:
     ``{"urls": {...}, "knobs_file", "state_dir", "baseline_cache"}``), servers already running."""
-    from .experiment import Session
+    from ..experiment import Session
 
     return Session.from_attach(
         attach, log_dir=log_dir,
@@ -88,7 +89,7 @@ def png_bytes(figure_paths: Sequence[Path]) -> bytes:
 
 
 def show_figure(figure_paths: Sequence[Path]):
-    """Display the PNG of a figure written by ``workbench.plots`` (same file as exported)."""
+    """Display the PNG of a figure written by ``figures.plots`` (same file as exported)."""
     from IPython.display import Image, display
 
     png = png_of(figure_paths)
@@ -333,7 +334,7 @@ class KnobExplorer:
                               "and running ...")
                 r = self.session.run(
                     cfg, progress=self._on_progress,
-                    command=f"workbench.widgets.KnobExplorer ({cfg.label})",
+                    command=f"workbench.notebook.widgets.KnobExplorer ({cfg.label})",
                     out_dir=self.out_dir / "runs" / f"run{disk_no:03d}-rep{rep + 1}",
                 )
                 group.append(r)

@@ -12,9 +12,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import metrics, profiles, rundir, stats
-from .knobs import spec as knob_spec
-from .provenance import atomic_path, atomic_write_json
+from ..inputs import profiles
+from ..knobs import spec as knob_spec
+from ..provenance import atomic_path, atomic_write_json
+from ..serving import rundir
+from . import metrics, stats
 
 
 @dataclass
@@ -57,7 +59,7 @@ class Result:
     # model runner the servers' workers ran ("v1", "v2"; "v1,v2" mixed; None: no read-back).
     vllm_release: str | None = None
     model_runner: str | None = None
-    # The build the run used (compat/build.py): {version, table_entry, source ("table" |
+    # The build the run used (knobs/build.py): {version, table_entry, source ("table" |
     # "installed-source"), checks_passed, checks_total (the entry's patch checks on the
     # installed source), commit (vllm._version.__commit_id__, None where the build has none)};
     # None for an old release run natively (no table entry serves it: releases/native_result).

@@ -12,9 +12,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from .config import ExperimentConfig
-from .knobs.release import vllm_version
-from .provenance import atomic_write_json
+from ..config import ExperimentConfig
+from ..knobs.release import vllm_version
+from ..provenance import atomic_write_json
 
 ROW_KEYS = ("baseline", "baseline_tokens", "baseline_seconds", "baseline_spec")  # a row's baseline
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import profiles
-from .config import ExperimentConfig
-from .knobs import spec as knob_spec
+from ..config import ExperimentConfig
+from ..inputs import profiles
+from ..knobs import spec as knob_spec
 from .servers import ServerSpec
 
 # role -> (its num_speculative_tokens field, its NixlConnector kv_role; None: no connector)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import plots
-from .results import Result
+from ..figures import plots
+from ..measuring.results import Result
 
 # Columns the explorer's table shows (the exported CSV has every column of summary_row).
 TABLE_FIRST = ("run", "repeat", "label", "prompt_set", "num_prompts", "k_p", "k_d")

@@ -1,6 +1,6 @@
 """Pass/fail of GPU runs against vLLM's reference, per position: the end of ``gpu-check.sh``.
 
-``python -m workbench.gpu_check DIR...`` reads each ``DIR/result.json`` and prints, for D
+``python -m workbench.measuring.gpu_check DIR...`` reads each ``DIR/result.json`` and prints, for D
 (``pd``) and the baseline, every position's rate and the acceptance length against the
 reference of the run's profile (``profiles.GPU_EXPECTED``: vLLM's test's 2.60 and
 [0.7296, 0.5208, 0.3545]) with the test's two-sided relative tolerance (5%), as
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import profiles
+from ..inputs import profiles
 from .results import Result
 
 

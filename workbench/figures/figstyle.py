@@ -15,8 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from .knobs import spec as knob_spec
-from .results import Result
+from ..knobs import spec as knob_spec
+from ..measuring.results import Result
 
 STYLE = {
     "figure.dpi": 100,
