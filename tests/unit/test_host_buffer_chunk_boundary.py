@@ -70,3 +70,40 @@ def test_absent_needs_a_chunked_request_equal_to_p():
     assert detect(result(row([64, 64, 14], 142, None), ahead="0"))[0] == ABSENT
     assert detect(result(row([112], 112, None)))[0] == INCONCLUSIVE  # nothing chunked
     assert detect(result(row([112], 112, {5})))[0] == INCONCLUSIVE
+
+
+# --- when a host-staged run may meet it: the run's note, and the default sweep ------------
+def _cfg(**kw):
+    from workbench.config import ExperimentConfig
+    return ExperimentConfig(**kw)
+
+
+def _prompts(*lengths):
+    from workbench.inputs.prompts import Prompt
+    return [Prompt(id=str(i), token_ids=[1] * n)
+            for i, n in enumerate(lengths)]
+
+
+def test_a_host_staged_run_whose_prompts_overflow_ps_step_budget_says_so():
+    from workbench.inputs.input_checks import chunking_note
+    staged = {"transfer": "host-staged"}
+    # the CPU profile's budget is vLLM's 2048: 16 x 150 tokens do not fit, 8 x 150 do
+    note = chunking_note(_cfg(knobs=staged, concurrency=16), _prompts(*[150] * 16))
+    assert "16 x 150 tokens" in note and "2048" in note and "at most 13 in flight" in note
+    assert chunking_note(_cfg(knobs=staged, concurrency=8), _prompts(*[150] * 16)) is None
+    # an explicit budget counts, one prompt at a time too; direct transfer has no host buffer
+    assert chunking_note(_cfg(knobs=staged, concurrency=1, max_num_batched_tokens=64),
+                         _prompts(150)) is not None
+    assert chunking_note(_cfg(concurrency=32), _prompts(*[150] * 32)) is None
+
+
+def test_the_default_sweeps_host_staged_points_keep_every_prefill_whole():
+    from workbench.config import ExperimentConfig
+    from workbench.inputs import prompts
+    from workbench.inputs.input_checks import chunking_note
+    from workbench.notebook import sweep
+    staged = [pt for pt in sweep.grid_points("default") if pt.knobs.get("transfer")]
+    assert len(staged) == 3 and all(pt.overrides["concurrency"] > 1 for pt in staged)
+    for pt in staged:
+        cfg = sweep.point_config(ExperimentConfig(), pt)
+        assert chunking_note(cfg, prompts.for_config(cfg)) is None, pt.name
