@@ -11,11 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from vllm_edits import PATCHES, rename_param_patch
 
 from workbench import devbuild
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_build import PATCHES, rename_param_patch
 
 pytestmark = [pytest.mark.vllm, pytest.mark.devbuild]
 
