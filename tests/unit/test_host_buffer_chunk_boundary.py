@@ -98,12 +98,13 @@ def test_a_host_staged_run_whose_prompts_overflow_ps_step_budget_says_so():
 
 
 def test_the_default_sweeps_host_staged_points_keep_every_prefill_whole():
-    from workbench.config import ExperimentConfig
+    from workbench.config import SWEEP_NUM_PROMPTS, ExperimentConfig
     from workbench.inputs import prompts
     from workbench.inputs.input_checks import chunking_note
     from workbench.notebook import sweep
     staged = [pt for pt in sweep.grid_points("default") if pt.knobs.get("transfer")]
     assert len(staged) == 3 and all(pt.overrides["concurrency"] > 1 for pt in staged)
     for pt in staged:
-        cfg = sweep.point_config(ExperimentConfig(), pt)
+        cfg = sweep.point_config(ExperimentConfig(num_prompts=SWEEP_NUM_PROMPTS), pt)
+        assert cfg.num_prompts == 64 and cfg.concurrency == 12
         assert chunking_note(cfg, prompts.for_config(cfg)) is None, pt.name

@@ -79,10 +79,10 @@ GRIDS: dict[str, list[Point]] = {
               ("poisoned", "the same with noise at std 100: how much the damage depends on "
                            "the staleness"))),
         # Host staging loses KV where P splits a prefill into chunks (finding
-        # host-buffer-chunk-boundary, present in 0.32.0): 8 in-domain prompts in flight fit
+        # host-buffer-chunk-boundary, present in 0.32.0): 12 in-domain prompts in flight fit
         # P's 2048-token step budget whole (input_checks.chunking_note), so none is split.
         *(Point(name, "indomain", {"transfer": "host-staged", **knobs}, why,
-                {"concurrency": 8, "num_prompts": 16})
+                {"concurrency": 12})
           for name, knobs, why in (
               ("host-staged, deferred, dirty", {"blocks": "dirty"},
                "today's order: parity expected"),
