@@ -186,13 +186,13 @@ def chunking_note(cfg: Any, prompts: list) -> str | None:
         return None
     budget = cfg.budget("p") or profiles.get(cfg.profile).step_budget
     longest = max(len(p.token_ids) for p in prompts)
-    if budget is not None and min(cfg.concurrency, len(prompts)) * longest <= budget:
+    in_flight = min(cfg.concurrency, len(prompts))
+    if in_flight * longest <= budget:
         return None
-    fits = f"; at most {budget // longest} in flight keep every prefill whole" if budget else ""
-    return (f"host staging with {cfg.concurrency} in flight: P may split a prefill into "
-            f"chunks ({cfg.concurrency} x {longest} tokens, P's step budget "
-            f"{budget or 'unknown'}), and a build with the host-buffer-chunk-boundary finding "
-            f"then loses KV on its way to D{fits}")
+    return (f"host staging with {in_flight} in flight: P may split a prefill into chunks "
+            f"({in_flight} x {longest} tokens, P's step budget {budget}), and a build with "
+            "the host-buffer-chunk-boundary finding then loses KV on its way to D; at most "
+            f"{budget // longest} in flight keep every prefill whole")
 
 
 # --- what the models' config.json allow --------------------------------------------------

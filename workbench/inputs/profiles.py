@@ -55,9 +55,10 @@ class Profile:
     # busy polling, as vLLM runs it; on the 2-core CPU box that costs each idle P/D a core.
     nixl_progress_delay_us: int = 0
     max_model_len: int = 1024
-    # vLLM's default token budget per scheduler step for an API server on this hardware
-    # (EngineArgs.get_batch_defaults: 2048 on the CPU); None where it depends on the device.
-    step_budget: int | None = None
+    # vLLM's default token budget per scheduler step for an API server
+    # (EngineArgs.get_batch_defaults): 2048 on the CPU and on GPUs under 70 GiB, 8192 above;
+    # the smaller is assumed where the GPU is not known in advance.
+    step_budget: int = 2048
     speculative_max_model_len: bool = False  # True: the drafter's config gets it as well
     server_args: tuple[str, ...] = ()  # more flags for every server of the profile
     server_env: dict[str, str] = field(default_factory=dict)  # more variables for every server
@@ -79,7 +80,7 @@ PROFILES: dict[str, Profile] = {
     "cpu": Profile("cpu", "cpu", block_size=32, dtype="float32",
                    cpus={"p": "0", "d": "1", "baseline": "1"}, nixl_progress_delay_us=1000,
                    # NIXL's CPU worker moves the forward thread to the last core (knobs/cpu_pin)
-                   server_env={ENV_PIN_MAIN_THREAD: "1"}, hf_offline=True, step_budget=2048),
+                   server_env={ENV_PIN_MAIN_THREAD: "1"}, hf_offline=True),
     # P and D on separate GPUs at the test's 0.7 each; the baseline shares D's GPU with what
     # is left (0.25: an 8B model's weights and enough KV for 32 requests on an 80 GB GPU) and
     # runs while PD is idle. Its KV cache size changes no greedy token.
