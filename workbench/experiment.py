@@ -201,7 +201,8 @@ class Session:
         result = new_result(cfg, command, len(plist), self.apply_knobs(cfg),
                             self.startup_seconds)
         result.requests = rows = [_row(p, cfg) for p in plist]
-        result.notes += [n for n in (chunking_note(cfg, plist),) if n]
+        if note := chunking_note(cfg, plist):
+            result.notes.append(note)
         cache = BaselineCache(self.baseline_cache) if self.baseline_cache else None
         if cache is not None and cfg.kv_probe:
             cache = None  # the probe compares D with this run's baseline KV
