@@ -186,14 +186,12 @@ def check_prompts(cfgs: list[ExperimentConfig]) -> None:
 
     seen = set()
     for cfg in cfgs:
-        args = dict(seed=cfg.seed, block_size=cfg.block_size, prompt_file=cfg.prompt_file,
-                    double_bos=cfg.knobs["double_bos"] == "on")
-        key = (cfg.prompt_set, cfg.num_prompts, cfg.max_tokens, cfg.max_model_len, *args.values())
+        key = (cfg.prompt_set, cfg.num_prompts, cfg.max_tokens, cfg.max_model_len, cfg.seed,
+               cfg.block_size, cfg.prompt_file, cfg.knobs["double_bos"])
         if models.is_hub_id(cfg.target) or key in seen:
             continue  # a Hub model's tokenizer comes with its download, later
         seen.add(key)
-        plist = prompts.build(cfg.prompt_set, cfg.num_prompts, cfg.target, **args)
-        input_checks.check_prompt_lengths(cfg, plist)
+        input_checks.check_prompt_lengths(cfg, prompts.for_config(cfg))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
