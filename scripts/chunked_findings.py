@@ -131,8 +131,11 @@ def kv_ranges(pos: set[int]) -> list[list[int]]:
 
 
 def observed(cmp: dict) -> dict[str, set[int]]:
-    return {layer: {p for a, b in runs for p in range(a, b + 1)}
-            for layer, runs in cmp["positions_differing"].items()}
+    """Each layer's differing positions, from the probe's inclusive runs (``kv_compare.expand``,
+    the one place that undoes ``kv_compare.ranges``)."""
+    from workbench.measuring.kv_compare import expand
+
+    return {layer: set(expand(runs)) for layer, runs in cmp["positions_differing"].items()}
 
 
 def prompt_ids(cfg: dict) -> dict[str, list[int]]:
