@@ -12,7 +12,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.container import ErrorbarContainer
 
-from workbench.figures import plots
+from workbench.figures import kv_plots, plots
 from workbench.measuring.results import Result
 
 EXTS = ("png", "svg", "pdf")
@@ -235,3 +235,83 @@ def test_acceptance_against_concurrency_has_a_panel_per_setting_and_a_point_per_
     figures.clear()
     plots.all_figures(runs[:1], tmp_path)
     assert "acceptance_vs_concurrency" not in figures
+
+
+DRAFTER_LAYER = "model.layers.2.self_attn.attn"
+
+
+def kv_result(name: str) -> Result:
+    """One probed request whose drafter KV differs from the baseline's (and from P's) in block
+    1, and a summary with a share in every split."""
+    layers = {f"model.layers.{i}.self_attn.attn": "target" for i in range(2)}
+    probe = {"positions_compared": 96, "layers": {**layers, DRAFTER_LAYER: "drafter"},
+             "vs_baseline": {"identical": False, "blocks_differing": {DRAFTER_LAYER: [1]},
+                             "max_abs_diff_per_block": {DRAFTER_LAYER: {"1": 8.0}}},
+             "vs_p": {"blocks_differing": {DRAFTER_LAYER: [1]}, "block_shift": None}}
+    r = result(name, side([0.5, 0.2]), side([0.5, 0.2]), 1.0,
+               [{"id": "q0", "affected": True, "kv_probe": probe}])
+    r.config["block_size"] = 32
+    r.kv_probe_summary = {g: {"vs_baseline": {"affected": {"share": 1.0},
+                                              "unaffected": {"share": share}}}
+                          for g, share in (("target", 0.0), ("drafter", 0.5))}
+    return r
+
+
+@pytest.fixture
+def kv_figure(monkeypatch):
+    """The KV figure, drawn (kv_plots.save caught: nothing is written)."""
+    caught = []
+
+    def spy(fig, out_dir, stem, prov):
+        caught.append(fig)
+        plt.close(fig)
+        return []
+
+    monkeypatch.setattr(kv_plots, "save", spy)
+    kv_plots.kv_probe([kv_result("legacy"), kv_result("fixed")], "unused")
+    (fig,) = caught
+    canvas = FigureCanvasAgg(fig)  # save closed the figure: draw it again
+    canvas.draw()
+    return fig, canvas.get_renderer()
+
+
+def test_kv_figure_legends_clear_every_label(kv_figure):
+    """The right panel's legend was drawn over its x label: no legend (the figure's or an
+    axes') may overlap any axes, axis label, tick label or title, colour bar included."""
+    fig, renderer = kv_figure
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+    assert len(legends) == 2
+    entries = [t.get_text() for lg in legends for t in lg.get_texts()]
+    assert "differs from P too" in entries and "drafter, unaffected" in entries
+    for ax in fig.axes:
+        artists = [ax, ax.xaxis.label, ax.yaxis.label, ax.title,
+                   *ax.get_xticklabels(), *ax.get_yticklabels()]
+        boxes = [a.get_window_extent(renderer) for a in artists if a.get_visible()
+                 and (not hasattr(a, "get_text") or a.get_text())]
+        for lg in legends:
+            box = lg.get_window_extent(renderer)
+            hit = [b for b in boxes if box.overlaps(b)]
+            assert not hit, f"legend {[t.get_text() for t in lg.get_texts()]} overlaps {hit}"
+
+
+def test_kv_figure_white_means_bit_identical_only(kv_figure):
+    """White is the bit-identical cells' colour (and the legend's swatch for them); the
+    difference scale's lightest colour is far from it (magma_r's own low end is pale
+    yellow)."""
+    fig, _ = kv_figure
+    heat = fig.axes[0]
+    (im,) = heat.get_images()
+    cmap = im.get_cmap()
+    assert tuple(cmap.get_bad()) == (1.0, 1.0, 1.0, 1.0)
+    lightest = np.array(cmap(0.0)[:3])
+    assert np.abs(1 - lightest).max() > 0.4, lightest
+    swatches = {t.get_text(): h for lg in fig.legends
+                for t, h in zip(lg.get_texts(), lg.legend_handles, strict=True)}
+    identical = swatches["block bit-identical to the baseline"]
+    assert tuple(identical.get_facecolor()) == (1.0, 1.0, 1.0, 1.0)
+
+
+def test_kv_figure_writes_its_files(tmp_path):
+    paths = kv_plots.kv_probe([kv_result("legacy")], tmp_path, stem="kv")
+    assert [p.name for p in paths] == [f"kv.{e}" for e in EXTS]
+    assert all(p.stat().st_size > 0 for p in paths)

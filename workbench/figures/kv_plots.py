@@ -14,11 +14,25 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.colors import Colormap, ListedColormap
+from matplotlib.patches import Patch
 
 from ..measuring.results import Result
 from .figstyle import STYLE, label, provenance, save
 
 FLOOR = 1e-8  # log scale's bottom for differences that exist but are tiny
+IDENTICAL = "white"  # a bit-identical cell, and its swatch in the legend
+# Where the difference scale starts in magma_r: its own low end (#fcfdbf) is a pale yellow
+# that reads as the white of a bit-identical cell; from 0.15 on the lightest colour is orange.
+CMAP_START = 0.15
+
+
+def diff_cmap() -> Colormap:
+    """The heat panel's colours: magma_r without its near-white end, and white (``bad``: the
+    NaN cells of ``heat``) only for bit-identical blocks, so white on the figure means one
+    thing."""
+    colours = plt.get_cmap("magma_r")(np.linspace(CMAP_START, 1.0, 256))
+    return ListedColormap(colours, name="magma_r_from_orange").with_extremes(bad=IDENTICAL)
 
 
 def pick_request(r: Result, request_id: str | None = None) -> dict | None:
@@ -72,17 +86,17 @@ def heat(q: dict, bs: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
     return grid, vs_p, layers
 
 
-def _heat_panel(ax, r: Result, q: dict) -> None:
+def _heat_panel(ax, r: Result, q: dict) -> list:
+    """Draw the request's layers x blocks; return its legend handles (the figure's legend
+    holds them, below every axis label)."""
     bs = r.config["block_size"]
     grid, vs_p, layers = heat(q, bs)
-    cmap = plt.get_cmap("magma_r").copy()
-    cmap.set_bad("white")
     seen = grid[np.isfinite(grid)]
-    im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap,
+    im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=diff_cmap(),
                    vmin=min(-1.0, seen.min()) if seen.size else -1.0,
                    vmax=max(1.0, seen.max()) if seen.size else 1.0)
     ys, xs = np.nonzero(vs_p)
-    ax.scatter(xs, ys, marker="x", color="tab:cyan", s=30, label="differs from P too")
+    marks = ax.scatter(xs, ys, marker="x", color="tab:cyan", s=30, label="differs from P too")
     groups = q["kv_probe"]["layers"]
     ax.set_yticks(range(len(layers)), [("drafter " if groups[n] == "drafter" else "") + _short(n)
                                        for n in layers])
@@ -94,9 +108,10 @@ def _heat_panel(ax, r: Result, q: dict) -> None:
     ax.set_title(f"{label(r)}\nrequest {q['id']} (N={pr['positions_compared']}, "
                  f"{'affected' if q.get('affected') else 'unaffected'}"
                  + (f", D's blocks = P's shifted by {shift}" if shift else "") + ")")
-    plt.colorbar(im, ax=ax, label="log10 max |D - baseline| (white: bit-identical)")
-    if len(xs):
-        ax.legend(loc="upper left", bbox_to_anchor=(0, -0.15))
+    ax.figure.colorbar(im, ax=ax, label="log10 max |D - baseline| (white: bit-identical)")
+    identical = Patch(facecolor=IDENTICAL, edgecolor="0.4", linewidth=0.6,
+                      label="block bit-identical to the baseline")
+    return [identical, marks] if len(xs) else [identical]
 
 
 def _short(name: str) -> str:
@@ -109,6 +124,8 @@ def _short(name: str) -> str:
 
 
 def _summary_panel(ax, results: Sequence[Result]) -> None:
+    """Per run, the shares of requests whose KV on D differs from the baseline; its legend
+    handles are the bars' labels (``ax.get_legend_handles_labels``)."""
     rs = [r for r in results if r.kv_probe_summary]
     names = [label(r) for r in rs]
     ys = np.arange(len(rs))
@@ -126,7 +143,6 @@ def _summary_panel(ax, results: Sequence[Result]) -> None:
     ax.set_xlim(0, 1.12)
     ax.set_xlabel("share of requests whose KV on D differs from the baseline")
     ax.invert_yaxis()
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2, fontsize=7)
 
 
 def _share(r: Result, group: str, split: str) -> float | None:
@@ -135,18 +151,24 @@ def _share(r: Result, group: str, split: str) -> float | None:
 
 def kv_probe(results: Sequence[Result], out_dir, stem: str = "kv_probe",
              request_id: str | None = None) -> list[Path]:
-    """The figure (PNG, SVG, PDF with provenance); [] if no run was probed."""
+    """The figure (PNG, SVG, PDF with provenance); [] if no run was probed.
+
+    Each panel's legend is a figure legend "outside" below it: the constrained layout keeps
+    room for them under the axes and their labels, which a legend anchored in an axes'
+    own coordinates overlapped (the right panel's x label) whatever the figure's height."""
     rs = [r for r in results if r.kv_probe_summary]
     if not rs:
         return []
     shown = choose(rs, request_id)
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(1, 2, figsize=(12, 0.35 * max(8, len(rs) * 1.2) + 2),
-                                 gridspec_kw={"width_ratios": [1.3, 1]})
+        fig, axes = plt.subplots(1, 2, figsize=(12, 0.35 * max(8, len(rs) * 1.2) + 2.5),
+                                 gridspec_kw={"width_ratios": [1.3, 1]}, layout="constrained")
         if shown is not None:
-            _heat_panel(axes[0], *shown)
+            fig.legend(handles=_heat_panel(axes[0], *shown), loc="outside lower left",
+                       fontsize=7)
         _summary_panel(axes[1], rs)
+        fig.legend(*axes[1].get_legend_handles_labels(), loc="outside lower right", ncol=2,
+                   fontsize=7)
         fig.suptitle("KV probe: what D holds for each prompt position, against the baseline "
                      "and against P")
-        fig.tight_layout()
         return save(fig, Path(out_dir), stem, provenance(rs))
