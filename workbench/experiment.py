@@ -33,7 +33,7 @@ from .measuring.results import Result, aggregate, runner_in_force
 from .provenance import git_commit
 from .serving import channels, rundir
 from .serving.server_set import ServerSet, check_vllm_release
-from .serving.servers import RemoteServer
+from .serving.servers import RemoteServer, no_prefix_reset
 
 FLUSH_WAIT_S = 0.5  # the plugin flushes its event counters every 0.2 s
 
@@ -73,6 +73,7 @@ class Session:
         self.fleet = ServerSet(self.log_dir, channel or channels.FileChannel.in_dir(self.log_dir),
                                dev_mode)
         self.attached = False
+        self.prefix_reset_checked: set[str] = set()  # attach mode: roles that answer it
         self.failed = False  # a run failed: close() keeps a temporary log directory
         # The baseline does not depend on PD knobs: a sweep measures it once per prompt set.
         self.baseline_cache = Path(baseline_cache).resolve() if baseline_cache else None
@@ -147,6 +148,20 @@ class Session:
             raise ConfigError(f"attach mode: no URL given for role(s) {missing}")
         for r in cfg.roles():
             self.servers[r].wait_ready(30)
+        self.check_prefix_reset(cfg.roles())
+
+    def check_prefix_reset(self, roles: list[str]) -> None:
+        """Attach mode without the plugin's channel: each run resets the servers' prefix caches
+        over vLLM's ``/reset_prefix_cache`` (``reset_prefix_caches``), which only dev-mode
+        servers serve. Probed once per role before the first request, so servers without it
+        are refused with one line (``servers.no_prefix_reset``), not a traceback mid-run."""
+        if not isinstance(self.channel, channels.NoChannel):
+            return
+        todo = [r for r in roles if r not in self.prefix_reset_checked]
+        missing = [self.servers[r] for r in todo if not self.servers[r].has_reset_prefix_cache()]
+        if missing:
+            raise no_prefix_reset(missing)
+        self.prefix_reset_checked.update(todo)
 
     def stop(self) -> None:
         self.fleet.stop()

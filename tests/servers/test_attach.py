@@ -116,6 +116,8 @@ def test_attach_to_a_server_without_the_plugin_says_so(plain_server, tiny_pair):
                            num_prompts=2, max_tokens=8, run_pd=False)
     pid = plain_server.proc.pid
     assert plain_server.start().proc.pid == pid  # starting a running server starts nothing
+    # Dev mode: the route is there (a GET answers 405), so the session's probe lets it run.
+    assert servers.RemoteServer("baseline", plain_server.url).has_reset_prefix_cache()
     with Session.attach({"baseline": plain_server.url}) as s:
         assert not s.knobs_over_http
         assert "plugin is not loaded" in s.knobs_channel_problem, s.knobs_channel_problem
@@ -128,6 +130,7 @@ def test_attach_to_a_server_without_the_plugin_says_so(plain_server, tiny_pair):
         assert any("one at a time" in n for n in r.notes), r.notes
         assert sum(q["baseline"]["num_drafts"] for q in r.requests) == r.baseline["num_drafts"]
         assert r.knobs["baseline"]["finalize"].startswith("unknown")
+        assert s.prefix_reset_checked == {"baseline"}
         with pytest.raises(ConfigError, match="plugin is not loaded"):
             s.run(replace(cfg, knobs={"blocks": "zeroed"}))
     with pytest.raises(ConfigError, match="no knob channel over HTTP"):

@@ -407,14 +407,36 @@ class RemoteServer:
     def stop(self, grace: float = 0.0) -> None:
         return None
 
+    def has_reset_prefix_cache(self, timeout: float = 5.0) -> bool:
+        """Whether the server serves ``POST /reset_prefix_cache`` (vLLM registers it only with
+        VLLM_SERVER_DEV_MODE=1), asked without resetting anything: a GET answers 405 on
+        that POST-only route and 404 where the route does not exist."""
+        try:
+            r = httpx.get(f"{self.url}/reset_prefix_cache", timeout=timeout)
+        except httpx.HTTPError as e:
+            raise ServerError(f"{self.role} server at {self.url}: /reset_prefix_cache did not "
+                              f"answer ({type(e).__name__}: {e})") from None
+        return r.status_code != 404
+
     def reset_prefix_cache(self) -> None:
         r = httpx.post(f"{self.url}/reset_prefix_cache", timeout=30)
         if r.status_code == 404:
-            raise ServerError(
-                f"{self.role} server at {self.url} has no /reset_prefix_cache: start it with "
-                "VLLM_SERVER_DEV_MODE=1, or runs will share cached KV"
-            )
+            raise no_prefix_reset([self])
         r.raise_for_status()
+
+
+def no_prefix_reset(servers: list[RemoteServer]) -> ConfigError:
+    """The one-line refusal for attached servers that cannot reset their prefix cache: without
+    the plugin's knob channel that endpoint is how a run starts from an empty cache (else one
+    run reads an earlier run's KV), so a run is refused before its first request, and
+    ``python -m workbench`` exits 2 on it (``cli.main``: ConfigError)."""
+    which = ", ".join(f"{s.role}={s.url}" for s in servers)
+    return ConfigError(
+        f"attach: no /reset_prefix_cache on {which} (vLLM serves it only when started with "
+        "VLLM_SERVER_DEV_MODE=1), and without the workbench's knob channel each run resets "
+        "the prefix cache there, so that no run reads an earlier run's KV; restart those "
+        "servers with VLLM_SERVER_DEV_MODE=1 in their environment (`python -m workbench serve` "
+        "does so), or with the workbench plugin and pass their --knobs-file and --state-dir")
 
 
 @dataclass
