@@ -90,8 +90,9 @@ CHECK_OUT ?= data/findings/check
 check: setup
 	$(PY) -m workbench check --out $(CHECK_OUT) --junit $(CHECK_OUT)/junit.xml --report $(CHECK_OUT)/reports
 
-# A dev build for real: the installed vLLM laid out as 0.32.1.dev1+g0000000 with the
-# padded-load-step fix applied (python -m workbench.devbuild), checked live; and one with a patch
-# target removed, refused before any server starts. Longer than `make test` allows.
+# A dev build for real: the installed vLLM laid out as the next dev version of its release
+# (0.32.0 -> 0.32.1.dev1+g0000000) with the padded-load-step fix applied (what
+# `python -m workbench devbuild` makes), checked live; and one with a patch target removed,
+# refused before any server starts. Longer than `make test` allows.
 check-devbuild: setup
 	$(PY) -m pytest -v --timeout=1800 -m devbuild tests

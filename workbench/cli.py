@@ -342,14 +342,6 @@ def cmd_compat(args: argparse.Namespace) -> int:
                        readme=None if args.no_readme else compat.README)
 
 
-def _add_compat(sub) -> None:
-    cp = sub.add_parser("compat", add_args=_compat_args,
-                        help="check the plugin's patches, the GPU profiles' flags, "
-                        "the metric names and the per-request field against each vLLM "
-                        "release's own source (CUDA wheel via pip download, cached)")
-    cp.set_defaults(func=cmd_compat)
-
-
 def _compat_args(cp: argparse.ArgumentParser) -> None:
     from .compat import CACHE, RECORDS
 
@@ -413,19 +405,24 @@ def cmd_releases(args: argparse.Namespace) -> int:
     return run.execute(args, " ".join([run.COMMAND, *sys.argv[2:]]))
 
 
-def _add_releases(sub) -> None:
-    rp = sub.add_parser("releases", add_args=_releases_args,
-                        help="run old vLLM releases natively (their own environments, the "
-                        "plugin observe-only) beside the knobs that re-create their bugs; "
-                        "results.csv and the native_vs_knob figures")
-    rp.set_defaults(func=cmd_releases)
-
-
 def _releases_args(rp: argparse.ArgumentParser) -> None:
     from .releases import run
 
     # What ``parents=[run.parser(...)]`` does at construction, done once the command is chosen.
     rp._add_container_actions(run.parser(add_help=False))
+
+
+def cmd_devbuild(args: argparse.Namespace) -> int:
+    """A dev build of the installed vLLM (``workbench/devbuild.py``)."""
+    from . import devbuild
+
+    return devbuild.run(args)
+
+
+def _devbuild_args(dp: argparse.ArgumentParser) -> None:
+    from . import devbuild
+
+    devbuild.add_args(dp)
 
 
 def _report(result) -> str:
@@ -461,6 +458,28 @@ class _Subcommand(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
 
+def _add_deferred(sub) -> None:
+    """The subcommands whose flags are added only once one is chosen (``_Subcommand``): what
+    those flags import (httpx, matplotlib, scipy) costs the other subcommands nothing."""
+    for name, add_args, func, help_ in (
+        ("compat", _compat_args, cmd_compat,
+         "check the plugin's patches, the GPU profiles' flags, the metric names and the "
+         "per-request field against each vLLM release's own source (CUDA wheel via pip "
+         "download, cached)"),
+        ("releases", _releases_args, cmd_releases,
+         "run old vLLM releases natively (their own environments, the plugin observe-only) "
+         "beside the knobs that re-create their bugs; results.csv and the native_vs_knob "
+         "figures"),
+        ("devbuild", _devbuild_args, cmd_devbuild,
+         "lay the installed vLLM into a new directory as links, as the next dev version of "
+         "its release (e.g. 0.32.0 -> 0.32.1.dev1+g0000000; --version), with git-style "
+         "unified diffs applied; put it first on PYTHONPATH to run the workbench on it; a "
+         "build that fails is removed"),
+    ):
+        sub.add_parser(name, add_args=add_args, help=help_, description=help_[0].upper()
+                       + help_[1:] + ".").set_defaults(func=func)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand and its flags; a subcommand's own imports wait until it runs."""
     ap = argparse.ArgumentParser(prog="python -m workbench", description=__doc__)
@@ -493,9 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_experiment_args(pl)
     pl.add_argument("--log-dir", default="/tmp/workbench-plan", help="where logs would go")
     pl.set_defaults(func=cmd_plan)
-    _add_compat(sub)
     _add_check(sub)
-    _add_releases(sub)
+    _add_deferred(sub)
     return ap
 
 

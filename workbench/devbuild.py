@@ -2,11 +2,12 @@
 
 A contributor's build is a release plus source changes. This lays the installed ``vllm``
 package into a scratch directory as links (``cp -as``: seconds, no copy of the weights of a
-4 GB install), gives it a version the table does not have, and applies unified diffs with
+4 GB install), gives it a version the table does not have (by default the next dev version of
+the installed release: 0.32.0 gives 0.32.1.dev1+g0000000), and applies unified diffs with
 ``patch -p1`` (a patched file is copied first, so the installed package is never written).
 Put the directory first on ``PYTHONPATH`` and the workbench and every server it starts run
 that build: Python imports ``vllm`` from it, and ``importlib.metadata`` finds its
-``dist-info`` before the installed one.
+``dist-info`` before the installed one. ``python -m workbench.devbuild`` does the same.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from .knobs.release import DISTRIBUTIONS
 
-DEV_VERSION = "0.32.1.dev1+g0000000"
+PLACEHOLDER_COMMIT = "0000000"  # the ``+g<commit>`` of a derived version: no real commit
+UNKNOWN_COMMIT = "unknown"  # ``__commit_id__`` of a version that names no commit
 
 
 class DevBuildError(RuntimeError):
@@ -41,6 +46,38 @@ def installed() -> tuple[Path, metadata.Distribution]:
         except metadata.PackageNotFoundError:
             continue
     raise DevBuildError(f"vllm is importable but no distribution of {DISTRIBUTIONS} is installed")
+
+
+def next_dev_version(release: str) -> str:
+    """The version a build of main just after ``release`` carries, as setuptools-scm names
+    it (``0.32.0`` -> ``0.32.1.dev1+g0000000``; a dev version's next dev; an rc's next rc), so
+    it sorts above the release and the table maps it to that release's entry. The local part
+    (``+cpu``) is dropped: the commit takes its place."""
+    try:
+        v = Version(release)
+    except InvalidVersion:
+        raise DevBuildError(f"installed vLLM version {release!r} is not a PEP 440 version; "
+                            "give --version") from None
+    if v.is_devrelease:
+        base = re.sub(r"\.?dev\d*$", "", v.public)
+        return f"{base}.dev{v.dev + 1}+g{PLACEHOLDER_COMMIT}"
+    if v.pre is not None:
+        kind, n = v.pre
+        return f"{v.base_version}{kind}{n + 1}.dev1+g{PLACEHOLDER_COMMIT}"
+    major, minor, micro = (*v.release, 0, 0)[:3]
+    return f"{major}.{minor}.{micro + 1}.dev1+g{PLACEHOLDER_COMMIT}"
+
+
+def default_version() -> str:
+    """The next dev version of the installed release (``next_dev_version``)."""
+    return next_dev_version(installed()[1].version)
+
+
+def commit_of(version: str) -> str:
+    """The commit a version's local part names (``+g<hex>``, as setuptools-scm writes it),
+    else ``unknown``: a version like ``0.32.1`` or ``0.32.0+cpu`` names none."""
+    m = re.search(r"\+(?:.*\.)?g([0-9a-f]{7,40})(?:\.|$)", version)
+    return m.group(1) if m else UNKNOWN_COMMIT
 
 
 def patched_files(diff: str) -> list[str]:
@@ -88,41 +125,74 @@ def apply_patch(out: Path, patch: Path) -> list[str]:
     return files
 
 
-def make(out: Path, version: str = DEV_VERSION, patches: list[Path] = (),
-         commit: str | None = None) -> Path:
-    """Lay the installed vLLM into ``out`` (which must not exist yet) as ``version``, with
-    ``patches`` applied; return ``out`` (the directory to put first on ``PYTHONPATH``)."""
-    out = Path(out).resolve()
-    if out.exists():
-        raise DevBuildError(f"{out} exists; give a new directory")
+def _first_missing(path: Path) -> Path:
+    """The topmost directory of ``path`` that does not exist yet: what ``mkdir(parents=True)``
+    creates, and so what a failed build removes."""
+    top = path
+    while not top.parent.exists():
+        top = top.parent
+    return top
+
+
+def _lay_out(out: Path, version: str, patches: Iterable[Path], commit: str) -> None:
     pkg, dist = installed()
     out.mkdir(parents=True)
     subprocess.run(["cp", "-as", str(pkg), str(out / "vllm")], check=True)
     shutil.rmtree(out / "vllm" / "__pycache__", ignore_errors=True)
     (out / "vllm" / "_version.py").unlink()
-    (out / "vllm" / "_version.py").write_text(
-        _version_file(version, commit or version.rpartition("+g")[2] or "unknown"))
+    (out / "vllm" / "_version.py").write_text(_version_file(version, commit))
     _dist_info(out, dist, version)
     for p in patches:
         apply_patch(out, Path(p))
+
+
+def make(out: Path, version: str | None = None, patches: Iterable[Path] = (),
+         commit: str | None = None) -> Path:
+    """Lay the installed vLLM into ``out`` (which must not exist yet) as ``version`` (default:
+    ``default_version()``), with ``patches`` applied; return ``out`` (the directory to put
+    first on ``PYTHONPATH``). On any failure, a patch that does not apply included, what this
+    call created is removed: a half-built directory would run as if it were the build."""
+    out = Path(out).resolve()
+    if out.exists():
+        raise DevBuildError(f"{out} exists; give a new directory")
+    version = version or default_version()
+    created = _first_missing(out)
+    try:
+        _lay_out(out, version, patches, commit or commit_of(version))
+    except BaseException:
+        shutil.rmtree(created, ignore_errors=True)  # links are removed, never their targets
+        raise
     return out
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """The flags of ``python -m workbench devbuild`` (and of ``python -m workbench.devbuild``)."""
+    ap.add_argument("--out", required=True, help="a new directory for the build (removed "
+                    "again if the build fails)")
+    ap.add_argument("--version", help="its version (default: the next dev version of the "
+                    "installed release, e.g. 0.32.0 -> 0.32.1.dev1+g0000000)")
+    ap.add_argument("--patch", action="append", default=[], metavar="FILE",
+                    help="a git-style unified diff (a/vllm/... b/vllm/...), repeatable")
+    ap.add_argument("--commit", help="its vllm._version.__commit_id__ (default: the version's "
+                    "+g<commit>, else unknown)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Make the build ``args`` describe; 2 and the reason on stderr when it cannot be made."""
+    try:
+        version = args.version or default_version()
+        out = make(Path(args.out), version, [Path(p) for p in args.patch], args.commit)
+    except (DevBuildError, OSError, subprocess.CalledProcessError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"vLLM {version} in {out}; use it with: PYTHONPATH={out} python -m workbench ...")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench devbuild", description=__doc__)
-    ap.add_argument("--out", required=True, help="a new directory for the build")
-    ap.add_argument("--version", default=DEV_VERSION, help=f"its version (default {DEV_VERSION})")
-    ap.add_argument("--patch", action="append", default=[], metavar="FILE",
-                    help="a git-style unified diff (a/vllm/... b/vllm/...), repeatable")
-    ap.add_argument("--commit", help="its vllm._version.__commit_id__ (default: from the version)")
-    args = ap.parse_args(argv)
-    try:
-        out = make(Path(args.out), args.version, [Path(p) for p in args.patch], args.commit)
-    except DevBuildError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"vLLM {args.version} in {out}; use it with: PYTHONPATH={out} python -m workbench ...")
-    return 0
+    add_args(ap)
+    return run(ap.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """A vLLM that is not a release, for real (``make check-devbuild``): the installed 0.32.0 laid
-out as 0.32.1.dev1+g0000000 with one source change, put first on the servers' PYTHONPATH."""
+out as the next dev version of its release (0.32.1.dev1+g0000000) with one source change, put
+first on the servers' PYTHONPATH."""
 
 from __future__ import annotations
 
@@ -14,33 +15,41 @@ import pytest
 from vllm_edits import PATCHES, rename_param_patch
 
 from workbench import devbuild
+from workbench.knobs import build
+from workbench.knobs.source import DirSource
 
 pytestmark = [pytest.mark.vllm, pytest.mark.devbuild]
 
 
-def workbench(build: Path, *argv: str, timeout: float = 1500) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(build)}
+def workbench(dev: Path, *argv: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(dev)}
     return subprocess.run([sys.executable, "-m", "workbench", *argv], capture_output=True,
                           text=True, timeout=timeout, env=env)
 
 
 def test_the_fix_in_a_dev_build_makes_padded_load_step_absent(tmp_path):
     dev = devbuild.make(tmp_path / "dev", patches=[PATCHES / "padded-load-step.patch"])
+    version = devbuild.default_version()
+    b = build.check(version, DirSource(dev, "dev"))
+    assert b.checks_passed == b.checks_total > 40 and not b.failures
     expect = tmp_path / "expect.json"
     expect.write_text(json.dumps({"findings": {"padded-load-step": "absent"}}))
     p = workbench(dev, "check", "--only", "padded-load-step", "--out", str(tmp_path / "o"),
                   "--expect", str(expect))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "all 55 patch checks of that entry pass" in p.stderr or "patch checks" in p.stderr
+    # the line the run says about its build (knobs/build.say_once), word for word
+    assert (f"workbench: vLLM {version} (commit 0000000) is not a release in the workbench's "
+            f"table; it uses the 0.32.0 entry: all {b.checks_total} patch checks of that entry "
+            "pass on the installed source") in p.stderr, p.stderr[-3000:]
     doc = json.loads((tmp_path / "o" / "check.json").read_text())
-    assert doc["build"]["version"] == devbuild.DEV_VERSION
+    assert doc["build"]["version"] == version
     assert doc["build"]["source"] == "installed-source" and doc["build"]["commit"] == "0000000"
     assert doc["build"]["checks_passed"] == doc["build"]["checks_total"]
     f = doc["findings"][0]
     assert f["verdict"] == "absent" and f["evidence"]["extra_drafts"] == 0, f
     assert f["controls"]["negative"]["ok"] is True
     run = json.loads(Path(f["results"][0]).read_text())
-    assert run["vllm_build"]["version"] == devbuild.DEV_VERSION
+    assert run["vllm_build"]["version"] == version
 
 
 def test_a_build_missing_a_patch_target_refuses_that_knob_and_runs_without_it(tmp_path):

@@ -1,5 +1,6 @@
 """A vLLM build the table lacks: the entry it uses and the knobs its source allows, checked on
-real dev builds of the installed vLLM (``workbench.devbuild``: links, one file patched)."""
+real dev builds of the installed vLLM (``python -m workbench devbuild``: links, one file
+patched)."""
 
 from __future__ import annotations
 
@@ -12,20 +13,22 @@ from workbench.knobs.source import DirSource
 
 
 def test_a_dev_build_with_a_source_fix_passes_every_check_of_its_entry(tmp_path):
+    pkg, _ = devbuild.installed()
+    released = (pkg / "v1/core/sched/scheduler.py").read_text()
     out = devbuild.make(tmp_path / "dev", patches=[PATCHES / "padded-load-step.patch"])
-    b = build.check(devbuild.DEV_VERSION, DirSource(out, "dev"))
+    b = build.check(devbuild.default_version(), DirSource(out, "dev"))
     assert (b.table_entry, b.source, b.commit) == ("0.32.0", "installed-source", "0000000")
     assert b.checks_passed == b.checks_total > 40 and b.failures == {} and b.refused() == {}
     assert "all" in b.summary() and "0.32.0 entry" in b.summary()
     # the patch was applied to a copy, never to the installed package
-    pkg, _ = devbuild.installed()
-    assert "kv_load_landed" in (out / "vllm/v1/core/sched/scheduler.py").read_text()
-    assert "kv_load_landed" not in (pkg / "v1/core/sched/scheduler.py").read_text()
+    assert (out / "vllm/v1/core/sched/scheduler.py").read_text() != released
+    assert (pkg / "v1/core/sched/scheduler.py").read_text() == released
+    assert not (out / "vllm/v1/core/sched/scheduler.py").is_symlink()
 
 
 def test_a_removed_patch_target_refuses_only_its_knob_by_name(tmp_path):
     out = devbuild.make(tmp_path / "dev", patches=[rename_param_patch(tmp_path)])
-    b = build.check(devbuild.DEV_VERSION, DirSource(out, "dev"))
+    b = build.check(devbuild.default_version(), DirSource(out, "dev"))
     assert list(b.failures) == ["handoff"] and b.checks_passed == b.checks_total - 2
     assert list(b.refused()) == ["block_handoff"]
     assert "get_block_ids_for_computed_tokens" in b.refused()["block_handoff"][0]
@@ -55,7 +58,18 @@ def test_the_verdict_reaches_the_servers_unchanged(monkeypatch):
 
 
 def test_a_missing_diff_target_fails_with_the_file_named(tmp_path):
+    bad = tmp_path / "bad.patch"  # a real git-style diff, of a file the build does not have
+    bad.write_text("diff --git a/vllm/no_such_module.py b/vllm/no_such_module.py\n"
+                   "--- a/vllm/no_such_module.py\n+++ b/vllm/no_such_module.py\n"
+                   "@@ -1,2 +1,2 @@\n import os\n-x = 1\n+x = 2\n")
+    with pytest.raises(devbuild.DevBuildError, match="bad.patch does not apply") as e:
+        devbuild.make(tmp_path / "dev", patches=[bad])
+    assert "can't find file to patch" in str(e.value) and "no_such_module.py" in str(e.value)
+    assert not (tmp_path / "dev").exists()
+
+
+def test_a_file_that_is_not_a_diff_is_refused_by_name(tmp_path):
     bad = tmp_path / "bad.patch"
     bad.write_text("not a diff\n")
-    with pytest.raises(devbuild.DevBuildError, match="bad.patch"):
+    with pytest.raises(devbuild.DevBuildError, match="bad.patch: no '\\+\\+\\+ b/"):
         devbuild.make(tmp_path / "dev", patches=[bad])

@@ -503,9 +503,8 @@ def _words(text: str) -> list[str]:
                     cur += _LITERAL_DOLLAR if text[i + 1] == "$" else text[i + 1]
                     i += 2
                 elif text.startswith(("$(", "${"), i):
-                    end = _matching(text, i + 1, text[i + 1], ")" if text[i + 1] == "(" else "}")
-                    cur += text[i:end + 1]
-                    i = end + 1
+                    sub, i = _substitution(text, i)
+                    cur += sub
                 else:
                     cur += text[i]
                     i += 1
@@ -514,15 +513,22 @@ def _words(text: str) -> list[str]:
             cur += text[i + 1]
             i += 2
         elif text.startswith(("$(", "${"), i):
-            end = _matching(text, i + 1, text[i + 1], ")" if text[i + 1] == "(" else "}")
-            cur += text[i:end + 1]
-            i = end + 1
+            sub, i = _substitution(text, i)
+            cur += sub
         else:
             cur += c
             i += 1
     if started:
         words.append(cur)
     return words
+
+
+def _substitution(text: str, at: int) -> tuple[str, int]:
+    """The ``$(...)``, ``$((...))`` or ``${...}`` starting at ``at``, whole, and the index just
+    after it: a word keeps it as written, quoted or not."""
+    open_ = text[at + 1]
+    end = _matching(text, at + 1, open_, ")" if open_ == "(" else "}")
+    return text[at:end + 1], end + 1
 
 
 def _matching(text: str, at: int, open_: str, close: str) -> int:
