@@ -14,7 +14,7 @@ from typing import Any
 from .inputs import input_checks, modelfiles, models, profiles
 from .inputs.prompts import SOURCES as _PROMPT_SOURCES
 from .knobs import spec as knob_spec
-from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
+from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET, portable, resolve
 
 ROLES = ("p", "d", "baseline")
 SWEEP_NUM_PROMPTS = 64  # a sweep point's prompts unless --prompts or its config file say otherwise
@@ -32,6 +32,7 @@ class ExperimentConfig:
     the rest apply to the next run on the same servers.
     """
 
+    # Paths: absolute here; recorded relative to the repository root when inside it (to_dict)
     target: str = str(DEFAULT_TARGET)
     drafter: str = str(DEFAULT_DRAFTER)
     profile: str = "cpu"
@@ -79,6 +80,7 @@ class ExperimentConfig:
 
     def validate(self) -> None:
         _check_types(self)
+        _localise(self)
         if self.require_models:
             _check_models(self)
         if self.profile not in profiles.PROFILES:
@@ -161,7 +163,12 @@ class ExperimentConfig:
         return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The config as records keep it: paths inside the repository relative to its root."""
+        data = asdict(self)
+        for name in PATH_FIELDS:
+            if data[name] is not None and not models.is_hub_id(data[name]):
+                data[name] = portable(data[name])
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExperimentConfig:
@@ -188,6 +195,29 @@ def read_json(path: str | Path) -> Any:
 
 
 # --- field checks (each names the value and what is allowed) ---------------------------------
+PATH_FIELDS = ("target", "drafter", "prompt_file")
+
+
+def local_path(value: str) -> str:
+    """A path field on this machine: absolute as given; relative to the working directory
+    where it exists there, else to the repository root (as records write it); a Hugging Face
+    id that is neither stays an id."""
+    p = Path(value).expanduser()
+    if p.is_absolute():
+        return str(p)
+    if p.exists():
+        return str(p.absolute())
+    if models.is_hub_id(value) and not resolve(value).exists():
+        return value
+    return str(resolve(value))
+
+
+def _localise(cfg: ExperimentConfig) -> None:
+    for name in PATH_FIELDS:
+        if (v := getattr(cfg, name)) is not None:
+            setattr(cfg, name, local_path(v))
+
+
 _STR_FIELDS = ("target", "drafter", "profile", "prompt_set", "host", "label")
 _BOOL_FIELDS = ("run_baseline", "run_pd", "require_models", "allow_remote",
                 "padded_drafter_batch")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -44,10 +45,19 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+def portable_text(text: str, root: str | os.PathLike = REPO) -> str:
+    """``text`` with the repository's absolute path (``root``) taken out: ``ROOT/x`` -> ``x``,
+    ``ROOT`` alone -> ``.``; a record then reads the same in a clone anywhere."""
+    root = re.escape(str(root).rstrip("/"))
+    text = re.sub(root + "/", "", text)
+    return re.sub(root + r"(?![\w.-])", ".", text)
+
+
 def atomic_write_json(path: str | os.PathLike, data: Any, *, indent: int = 1,
-                      sort_keys: bool = True) -> Path:
+                      sort_keys: bool = True, portable: bool = False) -> Path:
+    """``portable``: a record (result, point, check), written with no path of this checkout."""
     text = json.dumps(data, indent=indent, sort_keys=sort_keys, default=str)
-    return atomic_write_text(path, text + "\n")
+    return atomic_write_text(path, (portable_text(text) if portable else text) + "\n")
 
 
 def git_commit() -> str:

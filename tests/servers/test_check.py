@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from workbench import paths
+
 pytestmark = pytest.mark.vllm
 
 
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.vllm
 def checked(tmp_path_factory):
     out = tmp_path_factory.mktemp("check")
     p = subprocess.run([sys.executable, "-m", "workbench", "check", "--only",
-                        "padded-load-step,double-bos,nixl-cpu-forward-thread", "--out",
+                        "padded-load-step,nixl-cpu-forward-thread", "--out",
                         str(out / "o"), "--junit", str(out / "j.xml"), "--report",
                         str(out / "r")], capture_output=True, text=True, timeout=1500)
     return out, p
@@ -35,8 +37,7 @@ def test_check_prints_the_table_and_exits_0_on_the_expected_verdicts(checked):
         "load_step=gated (vLLM PR #50173 as written)"]["verdict"] == "present"
     assert got["padded-load-step"]["controls"]["negative"] == {
         **got["padded-load-step"]["controls"]["negative"], "verdict": "absent", "ok": True}
-    assert got["double-bos"]["verdict"] == "absent"
-    assert got["double-bos"]["controls"]["positive"]["verdict"] == "present"
+    assert got["padded-load-step"]["controls"]["positive"]["status"] == "own run"
     assert got["nixl-cpu-forward-thread"]["verdict"] == "present"
     assert got["nixl-cpu-forward-thread"]["controls"]["negative"]["ok"] is True
     assert doc["build"]["source"] == "table" and doc["build"]["checks_passed"] == doc[
@@ -47,7 +48,9 @@ def test_check_prints_the_table_and_exits_0_on_the_expected_verdicts(checked):
     for fid in got:
         assert re.search(rf"^{fid}\s+\S+", p.stdout, re.M), p.stdout
     suite = ET.parse(out / "j.xml").getroot()
-    assert (suite.get("tests"), suite.get("failures")) == ("3", "0")
+    assert (suite.get("tests"), suite.get("failures")) == ("2", "0")
+    assert re.search(r"^padded-load-step\s+present\s+present\s+positive own run, negative ok",
+                     p.stdout, re.M), p.stdout
 
 
 def test_the_report_of_a_present_finding_reproduces_without_the_workbench(checked):
@@ -58,18 +61,33 @@ def test_the_report_of_a_present_finding_reproduces_without_the_workbench(checke
                  "padded-load-step.png"):
         assert part in page, part
     assert (out / "r" / "padded-load-step.png").is_file()
-    assert not (out / "r" / "double-bos.md").exists()  # absent: no report
     assert "padded-load-step | present" in (out / "r" / "summary.md").read_text()
     script = out / "r" / "padded-load-step.repro.py"
     assert "workbench" not in "".join(
         line for line in script.read_text().splitlines() if line.startswith(("import", "from")))
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                       timeout=900, cwd=out / "r")
+    p = subprocess.run([sys.executable, str(script), "--target", str(paths.DEFAULT_TARGET),
+                        "--drafter", str(paths.DEFAULT_DRAFTER)], capture_output=True,
+                       text=True, timeout=900, cwd=out / "r")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     m = re.search(r"D counted (\d+) more drafts than the baseline over (\d+) requests", p.stdout)
     assert m and int(m.group(1)) == int(m.group(2)) > 0, p.stdout[-2000:]
     result = json.loads(p.stdout[:p.stdout.rindex("}") + 1])
     assert all(r["d"]["per_step_accepted"][0] == 0 for r in result["requests"])
+
+
+def test_the_committed_host_staged_repro_shows_the_bug_on_the_cpu_as_written(tmp_path):
+    """The reproduction committed with the host-buffer finding, run as a maintainer would (its
+    models found from its own location, its ports picked at start, the plugin doing host
+    staging): D's tokens part from the baseline's in every request, as the record says."""
+    reports = paths.DATA / "findings" / "host-buffer-chunk-boundary" / "check-release" / "reports"
+    run = json.loads((reports.parent / "runs" / "host-buffer-chunk-boundary-main" /
+                      "result.json").read_text())
+    assert run["token_agreement"] == 0.0
+    p = subprocess.run([sys.executable, str(reports / "host-buffer-chunk-boundary.repro.py")],
+                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    n = len(run["requests"])
+    assert f"D's tokens differ from the baseline's in {n} of {n} requests" in p.stdout, p.stdout
 
 
 def test_the_findings_notebook_shows_a_check_headless(checked, tmp_path):

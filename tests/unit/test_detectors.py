@@ -343,7 +343,7 @@ def test_a_failed_control_run_reaches_check_json_through_the_planned_runs():
     assert "control run failed: RuntimeError: NIXL handshake timed out" in o.evidence["why"]
     assert o.controls["negative"]["status"] == RUN_FAILED
     assert o.controls["positive"]["status"] == OWN_RUN
-    assert "negative run failed" in check.controls_line(o)
+    assert "negative run failed" in check.controls_line(o.controls)
 
 
 def test_a_failed_main_run_is_inconclusive_with_why():

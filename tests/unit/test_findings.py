@@ -55,7 +55,7 @@ def test_a_control_that_does_not_behave_makes_the_verdict_detector_broken():
     fixed = check.judge(f, {"main": absent, "negative": absent}, ABSENT, 1.0, [])
     assert fixed.verdict == ABSENT and fixed.ok
     assert {k: fixed.controls["positive"][k] for k in own} == own
-    assert check.controls_line(fixed) == "positive own run, negative ok"
+    assert check.controls_line(fixed.controls) == "positive own run, negative ok"
 
 
 def test_identical_configs_run_once_and_runs_are_grouped_by_server_shape():

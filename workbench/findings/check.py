@@ -20,10 +20,23 @@ from typing import Any
 
 from ..config import ConfigError, ExperimentConfig
 from ..knobs import spec as knob_spec
-from ..paths import DATA
+from ..paths import DATA, portable, resolve
 from ..provenance import atomic_write_json
 from . import FINDINGS
-from .finding import ABSENT, BROKEN, INCONCLUSIVE, NOT_APPLICABLE, PRESENT, Finding
+from .finding import (
+    ABSENT,
+    BROKEN,
+    CONTROL_BAD,
+    CONTROL_OK,
+    INCONCLUSIVE,
+    NOT_APPLICABLE,
+    OWN_RUN,
+    PRESENT,
+    RUN_FAILED,
+    Finding,
+    control_status,
+    controls_line,
+)
 
 EXPECTED = DATA / "findings"
 # Small runs: every finding's signal is per request, so 8 prompts of 32 tokens show it.
@@ -42,10 +55,17 @@ class Outcome:
     controls: dict[str, dict[str, Any]]
     seconds: float
     results: list[str] = field(default_factory=list)
+    # not-applicable only: "build" when the build refused a knob the finding needs (a
+    # difference unless the expectations mark the finding optional), "run" when this
+    # invocation (profile, attach mode) cannot run it.
+    cause: str | None = None
+    optional: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.verdict == NOT_APPLICABLE or self.verdict == self.expected
+        if self.verdict == NOT_APPLICABLE:
+            return self.cause != "build" or self.optional or self.expected is None
+        return self.verdict == self.expected
 
 
 def select(only: str | None) -> list[Finding]:
@@ -111,19 +131,20 @@ def not_applicable(f: Finding, cfgs: dict[str, ExperimentConfig], profile: str,
 
 
 def plan(findings: list[Finding], base: dict, attached: bool, refused=lambda cfg: None
-         ) -> tuple[list[tuple[str, ExperimentConfig]], dict[str, dict], dict[str, str]]:
-    """(the runs in execution order, each finding's {which: run key}, not-applicable reasons).
-    ``refused(cfg)``: why this build cannot run ``cfg`` (a knob whose checks fail), or None."""
+         ) -> tuple[list[tuple[str, ExperimentConfig]], dict[str, dict], dict[str, tuple]]:
+    """(the runs in execution order, each finding's {which: run key}, not-applicable
+    (cause, reason) by finding: cause ``run`` for this invocation, ``build`` for a knob the
+    build refuses). ``refused(cfg)``: why this build cannot run ``cfg``, or None."""
     fields = {**BASE, **base}
     profile = fields.pop("profile", "cpu")
     default = ExperimentConfig.for_profile(profile, **fields)  # the servers attach mode has
     uses, skipped, unique = {}, {}, {}
     for f in findings:
         cfgs = runs_of(f, base)
-        why = not_applicable(f, cfgs, profile, attached, default) or next(
-            (r for c in cfgs.values() if (r := refused(c)) is not None), None)
-        if why is not None:
-            skipped[f.id] = why
+        why = not_applicable(f, cfgs, profile, attached, default)
+        refusal = next((r for c in cfgs.values() if (r := refused(c)) is not None), None)
+        if why is not None or refusal is not None:
+            skipped[f.id] = ("run", why) if why is not None else ("build", refusal)
             continue
         uses[f.id] = {which: key(c) for which, c in cfgs.items()}
         for c in cfgs.values():
@@ -135,36 +156,49 @@ def plan(findings: list[Finding], base: dict, attached: bool, refused=lambda cfg
     return order, uses, skipped
 
 
-def _control(f: Finding, which: str, main: tuple[str, dict], result: dict | None) -> dict:
+def _control(f: Finding, which: str, result: dict | None, failed: str | None) -> dict:
+    """One control: ``own run`` when the finding's own run stands in for it (it proves
+    nothing), ``run failed`` when its run did not finish, else ``ok`` or ``BAD``."""
     want = CONTROLS[which]
-    detect = f.negative_detect if which == "negative" and f.negative_detect else f.detect
-    if getattr(f, which) is None:  # the finding's own run is this control
-        ok = main[0] == want
-        return {"verdict": main[0] if ok else None, "ok": True if ok else None,
-                "run": "main", **({} if ok else {"why": "no knob re-creates this independently "
-                                                       "of the build; its own run serves"})}
+    if getattr(f, which) is None:
+        return {"verdict": None, "ok": None, "status": OWN_RUN, "run": "main",
+                "why": "no knob re-creates this independently of the build; the finding's own "
+                       "run is all there is"}
     if result is None:
-        return {"verdict": None, "ok": False, "why": "its run failed"}
+        return {"verdict": None, "ok": None, "status": RUN_FAILED,
+                "why": f"control run failed: {failed or 'no result'}"}
+    detect = f.negative_detect if which == "negative" and f.negative_detect else f.detect
     v, ev = detect(result)
-    return {"verdict": v, "ok": v == want, "evidence": ev}
+    return {"verdict": v, "ok": v == want, "status": CONTROL_OK if v == want else CONTROL_BAD,
+            "evidence": ev}
 
 
 def judge(f: Finding, results: dict[str, dict | None], expected: str | None, seconds: float,
-          paths: list[str]) -> Outcome:
-    """The finding's verdict from its runs' results: its own, unless a control misbehaved."""
+          paths: list[str], failed: dict[str, str] | None = None) -> Outcome:
+    """The finding's verdict from its runs' results: its own, unless a control misbehaved
+    (``detector-broken``) or a run failed (``inconclusive``, with why). ``failed``: why each
+    run that has no result failed, by which."""
+    failed = failed or {}
     main_result = results.get("main")
-    main = f.detect(main_result) if main_result else (INCONCLUSIVE, {"error": "its run failed"})
-    controls = {w: _control(f, w, main, results.get(w)) for w in CONTROLS}
+    main = f.detect(main_result) if main_result else (
+        INCONCLUSIVE, {"why": f"its run failed: {failed.get('main') or 'no result'}"})
+    controls = {w: _control(f, w, results.get(w), failed.get(w)) for w in CONTROLS}
     evidence = dict(main[1])
     if f.also:
         evidence["also"] = {label: dict(zip(("verdict", "evidence"), f.detect(r), strict=True))
                             if r else {"verdict": None, "why": "its run failed"}
                             for label, r in ((lb, results.get(lb)) for lb in f.also)}
-    verdict = BROKEN if any(c["ok"] is False for c in controls.values()) else main[0]
+    verdict = main[0]
+    if any(c["status"] == CONTROL_BAD for c in controls.values()):
+        verdict = BROKEN
+    elif (bad := [c["why"] for c in controls.values() if c["status"] == RUN_FAILED]):
+        verdict, evidence["why"] = INCONCLUSIVE, "; ".join(bad)
     return Outcome(f.id, verdict, expected, evidence, controls, round(seconds, 1), paths)
 
 
 def expectations(path: Path | None, entry: str) -> tuple[Path, dict]:
+    """The expectations file (``--expect``, else the build's table entry's): ``findings``
+    maps id -> verdict, ``optional`` lists the ids whose not-applicable is no difference."""
     p = Path(path) if path else EXPECTED / f"expected-{entry}.json"
     if not p.is_file():
         raise ConfigError(f"--expect {p}: no such file; committed: "
@@ -172,47 +206,71 @@ def expectations(path: Path | None, entry: str) -> tuple[Path, dict]:
     return p, json.loads(p.read_text())
 
 
-def execute(session, order, uses, out: Path, command: str,
-            progress=print) -> tuple[dict[str, dict | None], dict[str, float], dict[str, str]]:
+def run_names(uses: dict[str, dict]) -> dict[str, str]:
+    """Each run key's directory name under ``DIR/runs/``: the first finding and role using it."""
+    names: dict[str, str] = {}
+    for fid, m in uses.items():
+        for which, k in m.items():
+            name = f"{fid}-{which}"
+            for a, b in ((" ", "_"), ("=", "-"), ("(", ""), (")", ""), ("#", "")):
+                name = name.replace(a, b)
+            names.setdefault(k, name[:80])
+    return names
+
+
+@dataclass
+class Executed:
+    """Each planned run's result (None: it failed), seconds, ``result.json`` path and, for a
+    failed one, why."""
+
+    results: dict[str, dict | None] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def execute(session, order, uses, out: Path, command: str, progress=print) -> Executed:
     """Run each planned config once; a failed run keeps what was measured and the rest go on."""
-    results, seconds, paths = {}, {}, {}
+    done, names = Executed(), run_names(uses)
     for i, (k, cfg) in enumerate(order):
-        name = next(f"{fid}-{w}".replace(" ", "_").replace("=", "-").replace("(", "")
-                    .replace(")", "").replace("#", "")
-                    for fid, m in uses.items() for w, kk in m.items() if kk == k)
-        run_dir = out / "runs" / name[:80]
-        progress(f"[check] run {i + 1}/{len(order)}: {name}")
+        run_dir = out / "runs" / names[k]
+        progress(f"[check] run {i + 1}/{len(order)}: {names[k]}")
         t0 = time.monotonic()
         try:
-            results[k] = session.run(cfg, out_dir=run_dir, command=command).to_dict()
+            done.results[k] = session.run(cfg, out_dir=run_dir, command=command).to_dict()
         except Exception as e:  # noqa: BLE001 - one failed run makes its findings inconclusive
-            progress(f"[check] {name} failed: {type(e).__name__}: {e}")
-            results[k] = None
-        seconds[k], paths[k] = time.monotonic() - t0, str(run_dir / "result.json")
-    return results, seconds, paths
+            progress(f"[check] {names[k]} failed: {type(e).__name__}: {e}")
+            done.results[k], done.failed[k] = None, f"{type(e).__name__}: {e}"
+        done.seconds[k], done.paths[k] = time.monotonic() - t0, portable(run_dir / "result.json")
+    return done
 
 
-def outcomes(findings, uses, skipped, results, seconds, paths, expected) -> list[Outcome]:
+def outcomes(findings, uses, skipped, done: Executed, expected: dict) -> list[Outcome]:
     out, charged = [], set()
+    verdicts, optional = expected.get("findings", {}), set(expected.get("optional", ()))
     for f in findings:
-        exp = expected.get(f.id)
+        exp = verdicts.get(f.id)
         if f.id in skipped:
-            out.append(Outcome(f.id, NOT_APPLICABLE, exp, {"why": skipped[f.id]}, {}, 0.0))
+            cause, why = skipped[f.id]
+            out.append(Outcome(f.id, NOT_APPLICABLE, exp, {"why": why}, {}, 0.0, cause=cause,
+                               optional=f.id in optional))
             continue
         runs = uses[f.id]
-        secs = sum(seconds.get(k, 0.0) for k in set(runs.values()) - charged)
+        secs = sum(done.seconds.get(k, 0.0) for k in set(runs.values()) - charged)
         charged |= set(runs.values())
-        out.append(judge(f, {w: results.get(k) for w, k in runs.items()}, exp, secs,
-                         sorted({paths[k] for k in runs.values() if k in paths})))
+        out.append(judge(f, {w: done.results.get(k) for w, k in runs.items()}, exp, secs,
+                         sorted({done.paths[k] for k in runs.values() if k in done.paths}),
+                         {w: done.failed[k] for w, k in runs.items() if k in done.failed}))
     return out
 
 
 def write(out: Path, build: dict, outs: list[Outcome], command: str, expect_file: Path,
-          junit: Path | None) -> Path:
-    doc = {"build": build, "command": command, "expect": str(expect_file),
-           "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+          junit: Path | None, created: str | None = None) -> Path:
+    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    doc = {"build": build, "command": command, "expect": portable(expect_file),
+           "created": created or now, **({"judged_again": now} if created else {}),
            "ok": all(o.ok for o in outs), "findings": [asdict(o) for o in outs]}
-    path = atomic_write_json(out / "check.json", doc, indent=1, sort_keys=False)
+    path = atomic_write_json(out / "check.json", doc, indent=1, sort_keys=False, portable=True)
     if junit is not None:
         write_junit(Path(junit), build, outs)
     return path
@@ -220,35 +278,40 @@ def write(out: Path, build: dict, outs: list[Outcome], command: str, expect_file
 
 def write_junit(path: Path, build: dict, outs: list[Outcome]) -> None:
     """One test case per finding: a failure when its verdict is not the expected one,
-    skipped when it does not apply here."""
+    skipped when it does not apply here (a failure where the build refused what it needs);
+    each control's status as a property."""
     suite = ET.Element("testsuite", name=f"workbench check, vLLM {build.get('version')}",
                        tests=str(len(outs)), failures=str(sum(not o.ok for o in outs)),
-                       skipped=str(sum(o.verdict == NOT_APPLICABLE for o in outs)),
+                       skipped=str(sum(o.verdict == NOT_APPLICABLE and o.ok for o in outs)),
                        time=str(round(sum(o.seconds for o in outs), 1)))
     for o in outs:
         case = ET.SubElement(suite, "testcase", classname="workbench.findings", name=o.id,
                              time=str(o.seconds))
-        if o.verdict == NOT_APPLICABLE:
-            ET.SubElement(case, "skipped", message=o.evidence.get("why", ""))
-        elif not o.ok:
+        props = ET.SubElement(case, "properties")
+        for w, c in o.controls.items():
+            ET.SubElement(props, "property", name=f"control.{w}", value=control_status(c))
+        if not o.ok:
             ET.SubElement(case, "failure", message=f"verdict {o.verdict}, expected {o.expected}"
                           ).text = json.dumps({"evidence": o.evidence, "controls": o.controls})
+        elif o.verdict == NOT_APPLICABLE:
+            ET.SubElement(case, "skipped", message=o.evidence.get("why", ""))
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
 def table(outs: list[Outcome]) -> str:
     """The one table ``check`` prints."""
-    head = f"{'finding':30} {'verdict':16} {'expected':13} {'controls':10} {'s':>6}  evidence"
+    head = (f"{'finding':28} {'verdict':15} {'expected':9} {'controls':30} {'s':>5}  "
+            "evidence")
     lines = [head, "-" * len(head)]
     for o in outs:
-        ctl = "/".join({True: "ok", False: "BAD", None: "n/a"}[c["ok"]]
-                       for c in o.controls.values()) or "-"
         ev = ", ".join(f"{k}={v}" for k, v in o.evidence.items()
                        if isinstance(v, (int, float, str)) and k != "why")[:70]
+        why = o.evidence.get("why")
         mark = "" if o.ok else "  <-- differs"
-        lines.append(f"{o.id:30} {o.verdict:16} {o.expected or '?':13} {ctl:10} "
-                     f"{o.seconds:6.0f}  {ev or o.evidence.get('why', '')}{mark}")
+        ctl = controls_line(o.controls)
+        lines.append(f"{o.id:28} {o.verdict:15} {o.expected or '?':9} {ctl:30} "
+                     f"{o.seconds:5.0f}  {ev}{'; ' if ev and why else ''}{why or ''}{mark}")
     return "\n".join(lines)
 
 
@@ -289,16 +352,15 @@ def run(only: str | None, out: str | Path, *, expect: str | None = None,
                if urls else experiment.Session(log_dir))
     t0 = time.monotonic()
     with session:
-        results, seconds, paths = execute(session, order, uses, out, command)
-    outs = outcomes(findings, uses, skipped, results, seconds, paths,
-                    expected.get("findings", {}))
+        done = execute(session, order, uses, out, command)
+    outs = outcomes(findings, uses, skipped, done, expected)
     write(out, {**b.record(), "expect_verified": expected.get("verified")}, outs, command,
           expect_file, junit)
     reports = []
     if report:
         from .report import write_reports
 
-        reports = write_reports(Path(report), outs, b, results, uses, command)
+        reports = write_reports(Path(report), outs, b, done.results, uses, command)
     return Checked(outs, b, out, reports, time.monotonic() - t0, len(order))
 
 
@@ -311,6 +373,40 @@ def load(out: str | Path) -> Checked:
     outs = [Outcome(**f) for f in doc["findings"]]
     return Checked(outs, SimpleNamespace(**doc["build"]), out, [],
                    sum(o.seconds for o in outs), len(list(out.glob("runs/*/result.json"))))
+
+
+def rejudge(out: str | Path, report: str | Path | None = None) -> Checked:
+    """Judge a check already run into ``out`` again from its runs' ``result.json`` files
+    (the detectors and controls as they are now), rewrite its ``check.json`` and, with
+    ``report``, its reports: how committed records follow a change of the verdict logic."""
+    from types import SimpleNamespace
+
+    out = Path(out)
+    doc = json.loads((out / "check.json").read_text())
+    old = {f["id"]: f for f in doc["findings"]}
+    findings = [FINDINGS[i] for i in old if i in FINDINGS]
+    first = next(iter((out / "runs").glob("*/result.json")), None)
+    profile = json.loads(first.read_text())["config"]["profile"] if first else "cpu"
+    _, uses, skipped = plan(findings, {"profile": profile}, attached=False)
+    done = Executed()
+    for k, name in run_names(uses).items():
+        path = out / "runs" / name / "result.json"
+        done.results[k] = json.loads(path.read_text()) if path.is_file() else None
+        done.paths[k] = portable(path)
+        if not path.is_file():
+            done.failed[k] = "no result.json recorded"
+    _, expected = expectations(resolve(doc["expect"]), doc["build"].get("table_entry"))
+    outs = outcomes(findings, uses, skipped, done, expected)
+    for o in outs:
+        o.seconds = old[o.id]["seconds"]
+    build = SimpleNamespace(**doc["build"])
+    write(out, doc["build"], outs, doc["command"], resolve(doc["expect"]), None, doc["created"])
+    reports = []
+    if report:
+        from .report import write_reports
+
+        reports = write_reports(Path(report), outs, build, done.results, uses, doc["command"])
+    return Checked(outs, build, out, reports, sum(o.seconds for o in outs), len(done.results))
 
 
 def main(args, command: str, urls: dict[str, str] | None) -> int:

@@ -2,48 +2,45 @@
 
 from __future__ import annotations
 
-from .finding import ABSENT, INCONCLUSIVE, PRESENT, Detection, Finding, rows
+from .finding import KV_PROBE_READER, Detection, Finding, decide, differing, kv_probed
 
 BUDGET = 64  # P's and D's token budget per step: prompts of 100+ tokens run in 2-3 chunks
 
 
-def _positions(cmp: dict) -> dict[str, list[int]]:
-    return {layer: [p for a, b in runs for p in range(a, b + 1)]
-            for layer, runs in (cmp.get("positions_differing") or {}).items()}
+def chunk_ends(chunks: list[int]) -> set[int]:
+    """The last prompt position of each non-final chunk of a prefill run in ``chunks``."""
+    ends, at = set(), 0
+    for size in chunks[:-1]:
+        at += size
+        ends.add(at - 1)
+    return ends
 
 
 def detect(result: dict) -> Detection:
     """D (holding P's chunked prefill) against the unchunked baseline, per request, from the
-    KV probe: KV that differs in the drafter's layers only, at the last position of a
-    non-final chunk (``k * budget - 1``), is ``present``; KV identical in every layer of every
-    request is ``absent``; anything else (a target layer, another position) ``inconclusive``."""
-    budget = (result.get("config") or {}).get("max_num_batched_tokens") or {}
-    budget = budget.get("p") if isinstance(budget, dict) else budget
-    probed = rows(result, "kv_probe")
-    at_ends, other, chunked = 0, 0, 0
+    KV probe, with P's chunks as measured (``prefill_chunks``): KV that differs in the
+    drafter's layers only, at the last position of a non-final chunk, is ``present``; KV
+    identical in every layer of every request, at least one of them chunked on P, is
+    ``absent``; nothing chunked, or a difference elsewhere (a target layer, another
+    position): ``inconclusive``."""
+    at_ends = other = chunked = 0
     seen: set[int] = set()
-    for r in probed:
-        cmp = r["kv_probe"].get("vs_baseline") or {}
-        n = r["prompt_len"]
-        ends = {k * budget - 1 for k in range(1, n // budget + 1) if k * budget < n} if budget \
-            else set()
+    for pr in kv_probed(result):
+        cmp = pr.get("vs_baseline") or {}
+        ends = chunk_ends((pr.get("prefill_chunks") or {}).get("p") or [])
         chunked += bool(ends)
-        pos = _positions(cmp)
-        groups = set(cmp.get("groups_differing") or [])
-        every = {p for ps in pos.values() for p in ps}
+        every = set().union(*differing(cmp).values())
         seen |= every
-        if every and groups == {"drafter"} and every <= ends:
+        if every and set(cmp.get("groups_differing") or []) == {"drafter"} and every <= ends:
             at_ends += 1
         elif every:
             other += 1
-    evidence = {"requests_probed": len(probed), "requests_chunked": chunked,
+    evidence = {"requests_probed": len(kv_probed(result)), "requests_chunked": chunked,
                 "requests_drafter_only_at_chunk_ends": at_ends, "requests_differing_otherwise":
-                other, "positions": sorted(seen)[:12], "budget": budget}
-    if probed and at_ends and not other:
-        return PRESENT, evidence
-    if probed and not at_ends and not other:
-        return ABSENT, evidence
-    return INCONCLUSIVE, evidence
+                other, "positions": sorted(seen)[:12]}
+    if not chunked:
+        evidence["why"] = "nothing was chunked: no request's prefill ran in two steps on P"
+    return decide(at_ends > 0 and not other, chunked > 0 and not at_ends and not other, evidence)
 
 
 FINDING = Finding(
@@ -67,7 +64,6 @@ FINDING = Finding(
               "partial prefill (read in the source); vLLM turns asynchronous scheduling off "
               "with disable_padded_drafter_batch",),
     fix="patches/vllm-0.32.0/chunked-prefill-drafter-kv.patch",
-    figure="kv_probe",
-    reads="the KV probe (digests of every KV layer per request, taken in vLLM's workers)",
-    standalone=False,
+    **KV_PROBE_READER,
+    symptom="inside",
 )

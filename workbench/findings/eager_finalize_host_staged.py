@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-from .finding import ABSENT, INCONCLUSIVE, PRESENT, Detection, Finding, rows
+from .finding import KV_PROBE_READER, Detection, Finding, decide, kv_probed
 
 
 def detect_drafter_not_staged(result: dict) -> Detection:
     """Host staging: D's drafter KV differs from P's while every target layer is identical, in
     some request (the drafter's blocks were copied before it wrote them): ``present``; D's KV
     equal to P's in every layer of every request: ``absent``."""
-    probed = rows(result, "kv_probe")
-    vs_p = [r["kv_probe"].get("vs_p") or {} for r in probed]
+    vs_p = [pr.get("vs_p") or {} for pr in kv_probed(result)]
     drafter_only = sum(set(c.get("groups_differing") or []) == {"drafter"} for c in vs_p)
     target = sum("target" in (c.get("groups_differing") or []) for c in vs_p)
-    evidence = {"requests_probed": len(probed), "drafter_only_differs": drafter_only,
+    evidence = {"requests_probed": len(vs_p), "drafter_only_differs": drafter_only,
                 "target_differs": target, "token_agreement": result.get("token_agreement")}
-    if drafter_only and not target:
-        return PRESENT, evidence
-    if probed and not drafter_only and not target:
-        return ABSENT, evidence
-    return INCONCLUSIVE, evidence
+    return decide(drafter_only > 0 and not target, bool(vs_p) and not drafter_only
+                  and not target, evidence)
 
 
 FINDING = Finding(
@@ -35,7 +31,6 @@ FINDING = Finding(
     positive={"knobs": {"transfer": "host-staged", "finalize": "eager"}},
     negative={"knobs": {"transfer": "direct", "finalize": "eager"}},
     measured=("per request, which layers of D's KV differ from P's (KV probe digests)",),
-    figure="kv_probe",
-    reads="the KV probe (digests of every KV layer per request, taken in vLLM's workers)",
-    standalone=False,
+    **KV_PROBE_READER,
+    symptom="inside",
 )

@@ -3,9 +3,10 @@
 A detector is a function of one run's ``result.json`` (as a dict) that answers ``present``,
 ``absent`` or ``inconclusive`` with the numbers it looked at. Controls prove it can see both
 answers: under the positive control it must say ``present``, under the negative one
-``absent``; a control that does not behave makes the verdict ``detector-broken``. A control
-given as None is the finding's own run (no knob re-creates the bug independently of the
-build); it is then shown only when that run's verdict is the control's.
+``absent``; a control that does not behave makes the verdict ``detector-broken``, and one
+whose run failed makes it ``inconclusive`` (a server failure says nothing of the detector). A
+control given as None is the finding's own run (no knob re-creates the bug independently of
+the build): it proves nothing, and is shown as ``own run``, never ``ok``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..measuring.kv_compare import expand
+
 PRESENT, ABSENT, INCONCLUSIVE = "present", "absent", "inconclusive"
 BROKEN, NOT_APPLICABLE = "detector-broken", "not-applicable"
 VERDICTS = (PRESENT, ABSENT, INCONCLUSIVE, BROKEN, NOT_APPLICABLE)
+# A control's status, as check.json, the table, JUnit and the reports show it.
+CONTROL_OK, CONTROL_BAD, OWN_RUN, RUN_FAILED = "ok", "BAD", "own run", "run failed"
 
 Detection = tuple[str, dict[str, Any]]  # (verdict, evidence)
 Detector = Callable[[dict[str, Any]], Detection]
@@ -54,6 +59,30 @@ class Finding:
     # plugin inside vLLM's processes).
     reads: str = "each response's metrics.speculative_decoding"
     standalone: bool = True
+    # What the standalone reproduction's last line reports: "drafts" (D's drafts minus the
+    # baseline's), "tokens" (requests whose tokens differ) or "inside" (read in vLLM's
+    # processes only: the script shows the acceptance side and says so).
+    symptom: str = "drafts"
+
+
+def control_status(control: dict) -> str:
+    """``ok``, ``BAD``, ``own run`` or ``run failed`` (older records: from ``ok``)."""
+    if "status" in control:
+        return control["status"]
+    return OWN_RUN if control.get("run") == "main" else {
+        True: CONTROL_OK, False: CONTROL_BAD, None: RUN_FAILED}[control.get("ok")]
+
+
+def controls_line(controls: dict[str, dict]) -> str:
+    """``positive own run, negative ok``: each control by what it is."""
+    return ", ".join(f"{w} {control_status(c)}" for w, c in controls.items()) or "-"
+
+
+# What a finding read from the KV probe declares: its figure, what it reads, and that vLLM
+# alone (a standalone script) cannot read it.
+KV_PROBE_READER: dict[str, Any] = {
+    "figure": "kv_probe", "standalone": False,
+    "reads": "the KV probe (digests of every KV layer per request, taken in vLLM's workers)"}
 
 
 def rows(result: dict[str, Any], *keys: str) -> list[dict[str, Any]]:
@@ -61,5 +90,17 @@ def rows(result: dict[str, Any], *keys: str) -> list[dict[str, Any]]:
     return [r for r in result.get("requests") or [] if all(r.get(k) is not None for k in keys)]
 
 
-def share(n: int, total: int) -> str:
-    return f"{n}/{total}"
+def kv_probed(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each probed request's KV probe record, with its prompt length beside it."""
+    return [{**r["kv_probe"], "prompt_len": r.get("prompt_len")} for r in rows(result, "kv_probe")]
+
+
+def differing(cmp: dict[str, Any]) -> dict[str, set[int]]:
+    """A KV comparison's differing positions, per layer, as sets."""
+    return {layer: set(expand(runs)) for layer, runs in
+            (cmp.get("positions_differing") or {}).items()}
+
+
+def decide(present: bool, absent: bool, evidence: dict[str, Any]) -> Detection:
+    """``present`` before ``absent``; neither: ``inconclusive``."""
+    return (PRESENT if present else ABSENT if absent else INCONCLUSIVE), evidence

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .finding import ABSENT, INCONCLUSIVE, PRESENT, Detection, Finding, rows
+from .finding import KV_PROBE_READER, Detection, Finding, decide, differing, kv_probed
 
 BUDGET = 64  # P's token budget per step: boundaries on block multiples (block size 32)
 
@@ -34,11 +34,6 @@ def lost_positions(chunks: list[int] | None, n: int, block_size: int, ahead: int
     return {p for p, step in enumerate(step_of[:n]) if step > alloc[p // block_size]}
 
 
-def _positions(cmp: dict) -> set[int]:
-    return {p for runs in (cmp.get("positions_differing") or {}).values()
-            for a, b in runs for p in range(a, b + 1)}
-
-
 def detect(result: dict) -> Detection:
     """D's KV against P's (the KV probe's ``vs_p``), per request whose prefill P ran in
     chunks. Differing in every layer, exactly at ``lost_positions``, in some request and in
@@ -47,22 +42,17 @@ def detect(result: dict) -> Detection:
     """
     config = result.get("config") or {}
     bs, ahead = int(config.get("block_size", 32)), lookahead(config)
-    probed = rows(result, "kv_probe")
+    probed = kv_probed(result)
     chunked = exact = lost = other = 0
-    for r in probed:
-        pr = r["kv_probe"]
+    for pr in probed:
         cmp = pr.get("vs_p") or {}
         chunks = (pr.get("prefill_chunks") or {}).get("p") or []
         want = lost_positions(chunks, pr["positions_compared"], bs, ahead)
         chunked += len(chunks) > 1
         lost += bool(want)
-        layers = set(cmp.get("layers_differing") or [])
-        if cmp.get("identical") and not want:
-            continue
-        every = set(pr.get("layers") or {}) == layers and all(
-            _positions({"positions_differing": {k: v}}) == want
-            for k, v in (cmp.get("positions_differing") or {}).items())
-        if want and every:
+        by_layer = differing(cmp)
+        if want and set(by_layer) == set(pr.get("layers") or {}) and all(
+                ps == want for ps in by_layer.values()):
             exact += 1
         elif not cmp.get("identical"):
             other += 1
@@ -71,11 +61,9 @@ def detect(result: dict) -> Detection:
                 exact, "requests_differing_otherwise": other, "p_lookahead": ahead,
                 "transfer": (config.get("knobs") or {}).get("transfer"),
                 "token_agreement": result.get("token_agreement")}
-    if exact and not other:
-        return PRESENT, evidence
-    if chunked and not exact and not other:
-        return ABSENT, evidence
-    return INCONCLUSIVE, evidence
+    if not chunked:
+        evidence["why"] = "nothing was chunked: no request's prefill ran in two steps on P"
+    return decide(exact > 0 and not other, chunked > 0 and not exact and not other, evidence)
 
 
 FINDING = Finding(
@@ -103,7 +91,6 @@ FINDING = Finding(
               "first step (read in the source); the workbench's CPU host staging changes only "
               "the copy op (knobs/transfer.py), not which blocks are copied",),
     fix="patches/vllm-0.32.0/host-buffer-chunk-boundary.patch",
-    figure="kv_probe",
-    reads="the KV probe (digests of every KV layer per request, taken in vLLM's workers)",
-    standalone=False,
+    **KV_PROBE_READER,
+    symptom="tokens",
 )

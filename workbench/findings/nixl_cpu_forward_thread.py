@@ -61,4 +61,5 @@ FINDING = Finding(
               "VLLM_CPU_OMP_THREADS_BIND",),
     inferred=("the move comes from NixlBaseConnectorWorker.__init__'s "
               "os.sched_setaffinity(0, ...) (read in the source)",),
+    symptom="inside",
 )

@@ -17,12 +17,14 @@ from importlib import metadata
 from pathlib import Path
 
 from ..config import ExperimentConfig
+from ..inputs import profiles
+from ..knobs import spec as knob_spec
 from ..measuring.results import Result
+from ..paths import REPO, portable
 from ..serving.plan import server_specs
 from . import FINDINGS
-from .finding import PRESENT, Finding
+from .finding import PRESENT, Finding, control_status, controls_line
 
-REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = Path(__file__).with_name("repro_template.py")
 
 
@@ -41,26 +43,90 @@ def environment(build, device: str) -> list[str]:
             f"- device: {device} ({platform.processor() or platform.machine()})"]
 
 
-def servers(cfg: ExperimentConfig, log_dir: str = "/tmp/repro") -> list[dict]:
-    """The servers as ``plan`` makes them, vLLM untouched (no workbench variable)."""
-    return [{"role": s.role, "argv": ["python", *s.command()[1:]],
-             "env": {k: v for k, v in s.env().items() if not k.startswith("WORKBENCH_")},
-             "port": s.port} for s in server_specs(cfg, log_dir)]
+def plugin_knobs(cfg: ExperimentConfig) -> dict[str, str]:
+    """The knobs off their as-released value that only the workbench's plugin gives this
+    platform (host staging on a CPU: NIXL turns its host buffer off there); empty when vLLM
+    alone runs the experiment. The KV probe only measures, and the script does not read it."""
+    defaults = knob_spec.defaults()
+    native = {"transfer"} if profiles.get(cfg.profile).device != "cpu" else set()
+    return {n: v for n, v in cfg.knobs.items()
+            if v != defaults.get(n) and n not in native and n != "kv_probe"}
 
 
-def command_lines(servers: list[dict]) -> list[str]:
-    return ["```bash", *(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in s["env"].items()),
-                                    *map(shlex.quote, s["argv"]), "&"]) for s in servers), "```"]
+def plugin_env(cfg: ExperimentConfig) -> dict[str, str]:
+    """The restart-time variables that ask the plugin for ``plugin_knobs`` (empty: none)."""
+    knobs = plugin_knobs(cfg)
+    return knob_spec.restart_env({**knob_spec.defaults(), **knobs}) if knobs else {}
 
 
-def standalone(cfg: ExperimentConfig, result: dict) -> str:
+def servers(cfg: ExperimentConfig) -> list[dict]:
+    """The servers as ``plan`` makes them, with what differs per machine left as
+    placeholders the script fills at start: the models, ports, side-channel ports and cores."""
+    out = []
+    for s in server_specs(cfg, "repro-logs"):
+        values = {str(cfg.target): "{target}", str(cfg.drafter): "{drafter}"}
+        argv = ["python", *(_placeholders(a, values) for a in s.command()[1:])]
+        argv[argv.index("--port") + 1] = "{port}"
+        env = {k: v for k, v in s.env().items() if not k.startswith("WORKBENCH_")}
+        env.update({k: "{side_channel_port}" for k in env if k == "VLLM_NIXL_SIDE_CHANNEL_PORT"})
+        env.update({k: "{cpus}" for k in env if k == "VLLM_CPU_OMP_THREADS_BIND"})
+        out.append({"role": s.role, "argv": argv, "env": env})
+    return out
+
+
+def _placeholders(arg: str, values: dict[str, str]) -> str:
+    for old, new in values.items():
+        arg = arg.replace(old, new)
+    return arg
+
+
+def command_lines(servers: list[dict], cfg: ExperimentConfig) -> list[str]:
+    """The servers' command lines to paste: the models named, and a shell variable per role
+    for each port and core list (``$P_PORT``, ``$D_SIDE_CHANNEL_PORT``, ``$D_CPUS``)."""
+    def line(s: dict) -> str:
+        values = {"target": portable(cfg.target), "drafter": portable(cfg.drafter),
+                  **{k: f"${s['role'].upper()}_{k.upper()}"
+                     for k in ("port", "side_channel_port", "cpus")}}
+        env = [f"{k}={_quoted(fill(v, values))}" for k, v in s["env"].items()]
+        return " ".join([*env, *(_quoted(fill(a, values)) for a in s["argv"]), "&"])
+
+    return ["```bash", *map(line, servers), "```"]
+
+
+def fill(text: str, values: dict[str, str]) -> str:
+    for k, v in values.items():
+        text = text.replace("{" + k + "}", v)
+    return text
+
+
+def _quoted(arg: str) -> str:
+    """Quoted for the shell, with a ``$VAR`` left to expand."""
+    return arg if arg.startswith("$") and arg[1:].replace("_", "").isalnum() else shlex.quote(arg)
+
+
+def gpu_config(cfg: ExperimentConfig) -> ExperimentConfig:
+    """The same experiment on the gpu profile (its models and block size), for the command
+    lines a GPU needs: there host staging is vLLM's own kv_buffer_device=cpu."""
+    keep = ("num_prompts", "max_tokens", "prompt_set", "k_p", "k_d", "seed", "knobs",
+            "kv_probe", "max_num_batched_tokens", "padded_drafter_batch", "concurrency")
+    return ExperimentConfig.for_profile("gpu", require_models=False,
+                                        **{k: getattr(cfg, k) for k in keep})
+
+
+def standalone(f: Finding, cfg: ExperimentConfig, result: dict) -> str:
     """A reproduction script (``repro_template.py`` with this run's servers and prompts)."""
     prompts = [r["prompt_token_ids"] for r in result.get("requests") or []
                if r.get("prompt_token_ids")]
+    knobs = plugin_knobs(cfg)
     return (TEMPLATE.read_text()
+            .replace('FINDING = ""', f"FINDING = {f.id!r}")
+            .replace('SYMPTOM = ""', f"SYMPTOM = {f.symptom!r}")
             .replace('SERVERS = []', f"SERVERS = {json.dumps(servers(cfg), indent=1)}")
             .replace('PROMPTS = []', f"PROMPTS = {json.dumps(prompts)}")
-            .replace('MAX_TOKENS = 0', f"MAX_TOKENS = {cfg.max_tokens}"))
+            .replace('MAX_TOKENS = 0', f"MAX_TOKENS = {cfg.max_tokens}")
+            .replace('PLUGIN_ENV = {}', f"PLUGIN_ENV = {json.dumps(plugin_env(cfg))}")
+            .replace('PLUGIN_KNOBS = {}', "PLUGIN_KNOBS = "
+                     f"{json.dumps({**knob_spec.defaults(), **knobs} if knobs else {})}"))
 
 
 def observed(result: dict) -> list[str]:
@@ -97,14 +163,11 @@ def figure(f: Finding, result: dict, out: Path) -> str | None:
     return Path(png).name if png else None
 
 
-def _ok(control: dict) -> str:
-    return {True: "ok", False: "NOT OK", None: "n/a"}[control["ok"]]
-
-
 def page(f: Finding, o, build, result: dict, command: str, fig: str | None) -> str:
     cfg = ExperimentConfig.from_dict(result["config"])
     fix = REPO / f.fix if f.fix else None
-    controls = "; ".join(f"{w}: {c.get('verdict')} ({_ok(c)})" for w, c in o.controls.items())
+    controls = "; ".join(f"{w}: {control_status(c)}" + (f" ({c['verdict']})" if c.get("verdict")
+                                                          else "") for w, c in o.controls.items())
     parts = [
         f"# {f.title}", "",
         f"Found with the PD + EAGLE3 acceptance workbench (finding `{f.id}`, first seen on vLLM "
@@ -125,20 +188,44 @@ def page(f: Finding, o, build, result: dict, command: str, fig: str | None) -> s
               "## Reproduce", "With the workbench:", "```",
               f"python -m workbench check --only {f.id} --out DIR", "```",
               f"(this report came from `{command}`)", "",
-              f"Without the workbench (vLLM untouched): `python {f.id}.repro.py` starts P, D "
-              "and the baseline with the command lines below, sends each prompt to P "
-              "(max_tokens=1, do_remote_decode) and then to D with P's kv_transfer_params, "
-              "as vLLM's toy_proxy_server.py does, and the same prompt to the baseline, and "
-              "prints each request's drafts and accepted tokens from "
-              "metrics.speculative_decoding.", "", *command_lines(servers(cfg)), ""]
-    if not f.standalone:
-        parts += [f"The detector reads {f.reads}, recorded inside vLLM's processes by the "
-                  "workbench's plugin, which the standalone script cannot; it shows the "
-                  "acceptance side only.", ""]
+              *reproduce(f, cfg)]
     if fix is not None and fix.is_file():
         parts += ["## Proposed fix", f"`{f.fix}` (`patch -p1` in the directory that holds the "
                   "`vllm` package):", "```diff", fix.read_text().rstrip(), "```", ""]
     return "\n".join(parts) + "\n"
+
+
+def reproduce(f: Finding, cfg: ExperimentConfig) -> list[str]:
+    """How to reproduce without ``check``: the script, and what it needs on this platform."""
+    script = f"`python {f.id}.repro.py [--target DIR] [--drafter DIR]`"
+    what = ("starts P, D and the baseline with the command lines below (free ports picked at "
+            "start), sends each prompt to P (max_tokens=1, do_remote_decode) and then to D with "
+            "P's kv_transfer_params, as vLLM's toy_proxy_server.py does, and the same prompt to "
+            "the baseline, and prints each request's tokens, drafts and accepted tokens from "
+            "metrics.speculative_decoding, then the symptom in one line.")
+    knobs = plugin_knobs(cfg)
+    if knobs:
+        named = ", ".join(f"{k}={v}" for k, v in knobs.items())
+        lines = [f"vLLM alone cannot run this on the {cfg.profile} profile ({named}: NIXL turns "
+                 "its host buffer off on a CPU device). The script " + script + " " + what +
+                 " It needs the workbench installed in the same environment: its vLLM plugin "
+                 f"does {named} inside P and D, which the script starts with "
+                 + ", ".join(f"{k}={v}" for k, v in plugin_env(cfg).items()) + ", WORKBENCH_ROLE "
+                 "(p or d), WORKBENCH_KNOBS_FILE (a control file it writes: every other knob as "
+                 "released) and WORKBENCH_KNOBS_STATE_DIR on top of the lines below; it never "
+                 "imports the workbench.", "", *command_lines(servers(cfg), cfg), "",
+                 "On a GPU the same experiment runs with vLLM untouched "
+                 "(`kv_buffer_device: cpu`, the gpu profile's models):", "",
+                 *command_lines(servers(gpu_config(cfg)), gpu_config(cfg))]
+    else:
+        lines = ["Without the workbench (vLLM untouched): " + script + " " + what, "",
+                 *command_lines(servers(cfg), cfg)]
+    if not f.standalone:
+        lines += ["", f"The detector reads {f.reads}, recorded inside vLLM's processes by the "
+                  "workbench's plugin, which the standalone script cannot"
+                  + ("; it shows the symptom in D's tokens." if f.symptom == "tokens"
+                     else "; it shows the acceptance side only.")]
+    return [*lines, ""]
 
 
 def write_reports(out: Path, outs, build, results: dict, uses: dict, command: str) -> list[Path]:
@@ -151,13 +238,12 @@ def write_reports(out: Path, outs, build, results: dict, uses: dict, command: st
             continue
         f = FINDINGS[o.id]
         cfg = ExperimentConfig.from_dict(res["config"])
-        (out / f"{f.id}.repro.py").write_text(standalone(cfg, res))
+        (out / f"{f.id}.repro.py").write_text(standalone(f, cfg, res))
         (out / f"{f.id}.md").write_text(page(f, o, build, res, command, figure(f, res, out)))
         written.append(out / f"{f.id}.md")
     rows = ["| finding | verdict | expected | controls | seconds |", "|---|---|---|---|---|"]
-    rows += [f"| {o.id} | {o.verdict} | {o.expected} | "
-             + ", ".join(f"{w} {_ok(c)}" for w, c in o.controls.items())
-             + f" | {o.seconds:.0f} |" for o in outs]
+    rows += [f"| {o.id} | {o.verdict} | {o.expected} | {controls_line(o.controls)} | "
+             f"{o.seconds:.0f} |" for o in outs]
     (out / "summary.md").write_text(f"# workbench check on vLLM {build.version}\n\n`{command}`\n\n"
                                     + "\n".join(rows) + "\n")
     return [*written, out / "summary.md"]

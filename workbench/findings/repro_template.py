@@ -1,35 +1,100 @@
-"""A standalone reproduction written by ``python -m workbench check --report``: vLLM untouched.
+"""A standalone reproduction written by ``python -m workbench check --report``.
 
 Starts P (kv_producer), D (kv_consumer) and a standalone baseline with the command lines
-below, sends every prompt to P with max_tokens=1 and do_remote_decode, then to D with P's
-kv_transfer_params (what vLLM's toy_proxy_server.py does), and the same prompt to the
-baseline; prints per request the drafts and accepted tokens each side reports in
-``metrics.speculative_decoding`` (--per-request-spec-decode-metrics detailed), then stops the
-servers. Needs only vLLM (with NIXL) and httpx.
+below, on free ports and side-channel ports picked at start, sends every prompt to P with
+max_tokens=1 and do_remote_decode, then to D with P's kv_transfer_params (what vLLM's
+toy_proxy_server.py does), and the same prompt to the baseline; prints per request the tokens
+and the drafts and accepted tokens each side reports in ``metrics.speculative_decoding``
+(--per-request-spec-decode-metrics detailed), then the finding's symptom in one line, and
+stops the servers. Needs vLLM (with NIXL) and httpx; where PLUGIN_ENV is not empty, also the
+workbench installed in the same environment (its vLLM plugin does what vLLM alone cannot on
+this platform; the script never imports it).
+
+    python REPRO.py [--target DIR] [--drafter DIR]
+
+The models default to the workbench repository's data/models/ (found from this script's
+location, or ``$WORKBENCH_MODELS``).
 """
 
+import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from importlib import metadata
 from pathlib import Path
 
 import httpx
 
+FINDING = ""
+SYMPTOM = ""
 SERVERS = []
 PROMPTS = []
 MAX_TOKENS = 0
+PLUGIN_ENV = {}
+PLUGIN_KNOBS = {}
 NO_KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
          "remote_block_ids": None, "remote_host": None, "remote_port": None}
 
 
-def start(server):
-    env = {**os.environ, **server["env"]}
+def default_models():
+    """``$WORKBENCH_MODELS``, else the first ``data/models`` above this script."""
+    if os.environ.get("WORKBENCH_MODELS"):
+        return Path(os.environ["WORKBENCH_MODELS"])
+    for up in Path(__file__).resolve().parents:
+        if (up / "data" / "models" / "target" / "config.json").is_file():
+            return up / "data" / "models"
+    return None
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_plan():
+    """P on the first half of this process's cores, D and the baseline on the rest."""
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // 2)
+    first, rest = cores[:half], cores[half:] or cores[:half]
+    return {"p": ",".join(map(str, first)), "d": ",".join(map(str, rest)),
+            "baseline": ",".join(map(str, rest))}
+
+
+def fill(value, values):
+    for k, v in values.items():
+        value = value.replace("{" + k + "}", str(v))
+    return value
+
+
+def plugin_files(tmp):
+    """The control file the workbench's plugin reads (knobs as below) and its state dir."""
+    if not PLUGIN_ENV:
+        return {}
+    if not any(e.name == "workbench_knobs" for e in metadata.entry_points(
+            group="vllm.general_plugins")):
+        sys.exit(f"{FINDING} needs the workbench's vLLM plugin on this platform "
+                 f"({', '.join(f'{k}={v}' for k, v in PLUGIN_KNOBS.items())}): install the "
+                 "workbench (pip install -e .) in this environment")
+    control = Path(tmp) / "knobs.json"
+    control.write_text(json.dumps({"version": 1, "knobs": PLUGIN_KNOBS, "seed": 0}))
+    (Path(tmp) / "state").mkdir()
+    return {"WORKBENCH_KNOBS_FILE": str(control), "WORKBENCH_KNOBS_STATE_DIR":
+            str(Path(tmp) / "state")}
+
+
+def start(server, values, extra_env):
+    env = {**os.environ, **{k: fill(v, values) for k, v in server["env"].items()}}
+    if PLUGIN_ENV and server["role"] != "baseline":
+        env.update({**PLUGIN_ENV, **extra_env, "WORKBENCH_ROLE": server["role"]})
     log = Path(f"repro-{server['role']}.log").open("w")  # noqa: SIM115 - open while it runs
-    argv = [sys.executable, *server["argv"][1:]]
+    argv = [sys.executable, *(fill(a, values) for a in server["argv"][1:])]
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
@@ -48,11 +113,12 @@ def wait(url, proc, timeout=600):
     raise RuntimeError(f"{url}: not up after {timeout} s")
 
 
-def complete(url, prompt, request_id, **extra):
+def complete(url, model, prompt, request_id, **extra):
     """A greedy completion of token ids (the prompt is not tokenized again: no second BOS)."""
-    body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0, "top_p": 1.0,
-            "return_token_ids": True, "ignore_eos": False, "stream": False, **extra}
-    r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, **body}, timeout=600,
+    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "top_p": 1.0, "return_token_ids": True, "ignore_eos": False, "stream": False,
+            **extra}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=600,
                    headers={"X-Request-Id": request_id})
     r.raise_for_status()
     return r.json()
@@ -64,35 +130,69 @@ def spec(resp):
             "per_step_accepted": (sd.get("per_step_accepted") or [])[:4]}
 
 
+def tokens(resp):
+    return resp["choices"][0].get("token_ids") or resp["choices"][0]["text"]
+
+
+def summary(rows):
+    """The finding's symptom in one line."""
+    n = len(rows)
+    differ = sum(not r["same_tokens"] for r in rows)
+    extra = [r["d"]["drafts"] - r["baseline"]["drafts"] for r in rows]
+    if SYMPTOM == "drafts":
+        return f"D counted {sum(extra)} more drafts than the baseline over {n} requests"
+    if SYMPTOM == "tokens":
+        return f"D's tokens differ from the baseline's in {differ} of {n} requests"
+    accepted = [r["d"]["accepted"] - r["baseline"]["accepted"] for r in rows]
+    return (f"{FINDING}: its symptom is read inside vLLM's processes by the workbench's plugin "
+            f"(the KV probe or thread affinities), not visible here; the acceptance side: D's "
+            f"tokens differ in {differ} of {n} requests, D accepted {sum(accepted)} tokens "
+            f"more than the baseline over {sum(extra)} more drafts")
+
+
 def main():
-    url = {s["role"]: f"http://127.0.0.1:{s['port']}" for s in SERVERS}
-    procs = {s["role"]: start(s) for s in SERVERS}
-    try:
-        for role, p in procs.items():
-            wait(url[role], p)
-        rows = []
-        for prompt in PROMPTS:
-            rid = str(uuid.uuid4())
-            p_resp = complete(url["p"], prompt, rid, max_tokens=1, kv_transfer_params=NO_KV)
-            d = complete(url["d"], prompt, rid, kv_transfer_params=p_resp["kv_transfer_params"])
-            b = complete(url["baseline"], prompt, f"base-{rid}")
-            rows.append({"d": spec(d), "baseline": spec(b),
-                         "same_tokens": d["choices"][0]["text"] == b["choices"][0]["text"]})
-        extra = [r["d"]["drafts"] - r["baseline"]["drafts"] for r in rows]
-        print(json.dumps({"requests": rows, "d_drafts_minus_baseline": extra}, indent=1))
-        print(f"D counted {sum(extra)} more drafts than the baseline over {len(rows)} requests")
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    models = default_models()
+    ap.add_argument("--target", default=models and str(models / "target"))
+    ap.add_argument("--drafter", default=models and str(models / "drafter"))
+    args = ap.parse_args()
+    if not (args.target and args.drafter):
+        ap.error("no data/models found above this script: pass --target and --drafter "
+                 "(or set WORKBENCH_MODELS)")
+    cpus = cpu_plan()
+    values = {s["role"]: {"target": args.target, "drafter": args.drafter,
+                          "port": free_port(), "side_channel_port": free_port(),
+                          "cpus": cpus[s["role"]]} for s in SERVERS}
+    url = {role: f"http://127.0.0.1:{v['port']}" for role, v in values.items()}
+    with tempfile.TemporaryDirectory(prefix="repro-") as tmp:
+        extra_env = plugin_files(tmp)
+        procs = {s["role"]: start(s, values[s["role"]], extra_env) for s in SERVERS}
+        try:
+            for role, p in procs.items():
+                wait(url[role], p)
+            rows = []
+            for prompt in PROMPTS:
+                rid = str(uuid.uuid4())
+                p_resp = complete(url["p"], args.target, prompt, rid, max_tokens=1,
+                                  kv_transfer_params=NO_KV)
+                d = complete(url["d"], args.target, prompt, rid,
+                             kv_transfer_params=p_resp["kv_transfer_params"])
+                b = complete(url["baseline"], args.target, prompt, f"base-{rid}")
+                rows.append({"d": spec(d), "baseline": spec(b),
+                             "same_tokens": tokens(d) == tokens(b)})
+            extra = [r["d"]["drafts"] - r["baseline"]["drafts"] for r in rows]
+            print(json.dumps({"requests": rows, "d_drafts_minus_baseline": extra}, indent=1))
+            print(summary(rows))
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            for p in procs.values():
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
 
-
-MODEL = SERVERS[0]["argv"][SERVERS[0]["argv"].index("--model") + 1] if SERVERS else ""
 
 if __name__ == "__main__":
     main()

@@ -31,4 +31,5 @@ FINDING = Finding(
     negative={"knobs": {"block_handoff": "legacy", "blocks": "poisoned",
                         "prefill_lookahead": "0"}},
     measured=("D's output and per-position counts against the baseline's on primed prompts",),
+    symptom="tokens",
 )

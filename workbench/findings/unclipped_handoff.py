@@ -41,4 +41,5 @@ FINDING = Finding(
     negative={"knobs": {"block_handoff": "legacy", "prefill_lookahead": "0"}},
     measured=("blocks P handed per request (kv_transfer_params.remote_block_ids) against the "
               "prompt's blocks", "D's output and per-position counts against the baseline's"),
+    symptom="tokens",
 )

@@ -79,6 +79,11 @@ def ranges(positions: list[int]) -> list[list[int]]:
     return out
 
 
+def expand(runs: list[list[int]]) -> list[int]:
+    """``ranges`` undone: [[3, 5], [9, 9]] -> [3, 4, 5, 9]."""
+    return [p for a, b in runs for p in range(a, b + 1)]
+
+
 def block_shift(d: dict, p: dict | None, max_shift: int = 2) -> int | None:
     """The offset s > 0 for which D's block j equals P's block j + s in every layer (the
     legacy hand-off's signature: D kept the tail of P's block list), else None."""

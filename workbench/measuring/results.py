@@ -70,7 +70,7 @@ class Result:
 
     def save(self, out_dir: str | Path) -> Path:
         return atomic_write_json(Path(out_dir) / "result.json", self.to_dict(), indent=2,
-                                 sort_keys=False)
+                                 sort_keys=False, portable=True)
 
     @classmethod
     def load(cls, path: str | Path) -> Result:

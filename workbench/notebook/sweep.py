@@ -27,7 +27,7 @@ from ..inputs import modelfiles, prompts
 from ..knobs import spec as knob_spec
 from ..knobs.release import vllm_version
 from ..measuring.results import Result
-from ..provenance import atomic_write_json
+from ..provenance import atomic_write_json, atomic_write_text, portable_text
 from ..serving import rundir
 from .kernels import KernelStarter
 
@@ -243,6 +243,7 @@ def execute_point(cfg: ExperimentConfig, attach: dict, point_dir: Path, record: 
                     "grid": ""},
         kernel_name="python3", progress_bar=False, cwd=str(SWEEP_NOTEBOOK.parent), km=km,
     )
+    atomic_write_text(record, portable_text(Path(record).read_text()))  # a record: no local path
 
 
 def run_sweep(
@@ -308,10 +309,11 @@ def _sweep(points: list[Point], out: Path, base: ExperimentConfig, use_papermill
             more = pt is not todo[-1]
             _run_one(session, configs[pt.slug], out, pt.slug, starter, more, timing)
             if (_read(point_dir / "result.json") or {}).get("complete"):
-                atomic_write_json(point_dir / POINT_RECORD, records[pt.slug], indent=2)
+                atomic_write_json(point_dir / POINT_RECORD, records[pt.slug], indent=2,
+                                  portable=True)
         timing["startup_seconds"] = dict(session.startup_seconds)  # stop() clears them
     timing["wall_seconds"] = time.time() - timing["started"]
-    atomic_write_json(out / "sweep-timing.json", timing, indent=2, sort_keys=False)
+    atomic_write_json(out / "sweep-timing.json", timing, indent=2, sort_keys=False, portable=True)
     return aggregate(out, [pt.slug for pt in points])
 
 

@@ -46,7 +46,7 @@ from ..knobs import compat_fixes, observe
 from ..measuring import metrics
 from ..measuring.measure import request_body
 from ..measuring.results import first_diff
-from ..provenance import atomic_write_json
+from ..provenance import atomic_write_json, portable_text
 from ..serving import proxy
 from ..serving.plan import server_specs
 from ..serving.servers import ServerSpec, VllmServer
@@ -164,7 +164,7 @@ def run_pd(client: httpx.Client, p: VllmServer, d: VllmServer, body: dict, ps: l
 def trim_log(path: Path, out: Path) -> None:
     lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
     kept = [ln for ln in lines if ln.startswith("# ") or any(k in ln for k in LOG_KEEP)]
-    out.write_text("\n".join(kept) + "\n")
+    out.write_text(portable_text("\n".join(kept) + "\n"))
 
 
 def start(spec: OldSpec, timeout: float = 600) -> VllmServer:
@@ -281,20 +281,20 @@ def main(argv: list[str] | None = None) -> int:
     client = httpx.Client()
     if args.only in ("baseline", "both"):
         base = baseline_leg(client, specs["baseline"], body, ps, record)
-        atomic_write_json(out / f"baseline-{base_tag}.json", base)
+        atomic_write_json(out / f"baseline-{base_tag}.json", base, portable=True)
     else:
         base = json.loads((out / f"baseline-{base_tag}.json").read_text())
     pd: list[dict] = []
     if args.only in ("pd", "both"):
         pd = pd_leg(client, specs, body, ps, cfg, args.prime_p, record)
-        atomic_write_json(out / f"pd-{tag}.json", pd)
+        atomic_write_json(out / f"pd-{tag}.json", pd, portable=True)
     for role in specs:
         if (logs / f"{role}.log").is_file():  # roles this invocation started
             trim_log(logs / f"{role}.log", out / f"{role}-{tag}.log")
     record["plugin"] = plugin_reports(logs, specs)
     if base and pd:
         summarise(record, base, pd)
-    atomic_write_json(out / f"trial-{tag}.json", record)
+    atomic_write_json(out / f"trial-{tag}.json", record, portable=True)
     print(json.dumps({k: record.get(k) for k in ("vllm_version", "token_agreement", "d",
                                                  "baseline")}, indent=1, default=str))
     return 0

@@ -1,0 +1,114 @@
+"""``check --report``'s writers on the committed records: pages and standalone reproductions
+that name no machine path, say what a platform needs, and print each finding's own symptom."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from types import SimpleNamespace
+
+import pytest
+
+from workbench import paths
+from workbench.config import ExperimentConfig
+from workbench.findings import FINDINGS, check, report
+
+RELEASE = paths.DATA / "findings" / "host-buffer-chunk-boundary" / "check-release"
+DEVBUILD = paths.DATA / "findings" / "host-buffer-chunk-boundary" / "check-devbuild"
+
+
+def result(d, name: str) -> dict:
+    return json.loads((d / "runs" / name / "result.json").read_text())
+
+
+def script_namespace(text: str, tmp_path) -> dict:
+    path = tmp_path / "repro.py"
+    path.write_text(text)
+    return runpy.run_path(str(path))  # defines everything, runs nothing (__name__ differs)
+
+
+@pytest.mark.parametrize(("fid", "d"), [("host-buffer-chunk-boundary", RELEASE),
+                                        ("chunked-prefill-drafter-kv", RELEASE),
+                                        ("padded-load-step", DEVBUILD)])
+def test_a_repro_names_no_machine_path_and_picks_its_ports_at_start(fid, d, tmp_path):
+    res = result(d, f"{fid}-main")
+    cfg = ExperimentConfig.from_dict(res["config"])
+    text = report.standalone(FINDINGS[fid], cfg, res)
+    assert str(paths.REPO) not in text and "/tmp/" not in text
+    ns = script_namespace(text, tmp_path)
+    assert ns["FINDING"] == fid and ns["SYMPTOM"] == FINDINGS[fid].symptom
+    ports = {s["argv"][s["argv"].index("--port") + 1] for s in ns["SERVERS"]}
+    assert ports == {"{port}"}
+    assert all(s["env"].get("VLLM_NIXL_SIDE_CHANNEL_PORT", "{side_channel_port}")
+               == "{side_channel_port}" for s in ns["SERVERS"])
+    assert all("{target}" in s["argv"] for s in ns["SERVERS"])
+    assert ns["PROMPTS"] == [r["prompt_token_ids"] for r in res["requests"]]
+
+
+def test_the_host_staged_repro_needs_the_plugin_and_says_so(tmp_path):
+    fid = "host-buffer-chunk-boundary"
+    res = result(RELEASE, f"{fid}-main")
+    cfg = ExperimentConfig.from_dict(res["config"])
+    ns = script_namespace(report.standalone(FINDINGS[fid], cfg, res), tmp_path)
+    assert ns["PLUGIN_ENV"] == {"WORKBENCH_TRANSFER": "host-staged"}
+    assert ns["PLUGIN_KNOBS"]["transfer"] == "host-staged"
+    o = check.load(RELEASE).outcomes[0]
+    page = report.page(FINDINGS[fid], o, SimpleNamespace(version="0.32.0", commit=None,
+                                                         table_entry="0.32.0", source="table"),
+                       res, "python -m workbench check", None)
+    assert "vLLM alone cannot run this on the cpu profile" in page
+    assert "WORKBENCH_TRANSFER=host-staged" in page
+    gpu = page[page.index("On a GPU"):]
+    assert '"kv_buffer_device": "cpu"' in gpu and "WORKBENCH" not in gpu.split("```")[1]
+    assert "controls: positive: own run; negative: ok (absent)" in page
+    assert str(paths.REPO) not in page
+
+
+def test_an_untouched_vllm_repro_needs_no_plugin(tmp_path):
+    res = result(DEVBUILD, "padded-load-step-main")
+    cfg = ExperimentConfig.from_dict(res["config"])
+    ns = script_namespace(report.standalone(FINDINGS["padded-load-step"], cfg, res), tmp_path)
+    assert ns["PLUGIN_ENV"] == {} and ns["PLUGIN_KNOBS"] == {}
+    assert "Without the workbench (vLLM untouched)" in "\n".join(report.reproduce(
+        FINDINGS["padded-load-step"], cfg))
+
+
+def row(d_drafts: int, b_drafts: int, same: bool, accepted: int = 5) -> dict:
+    return {"d": {"drafts": d_drafts, "accepted": accepted}, "same_tokens": same,
+            "baseline": {"drafts": b_drafts, "accepted": accepted}}
+
+
+@pytest.mark.parametrize(("fid", "line"), [
+    ("padded-load-step", "D counted 2 more drafts than the baseline over 2 requests"),
+    ("host-buffer-chunk-boundary", "D's tokens differ from the baseline's in 1 of 2 requests"),
+    ("chunked-prefill-drafter-kv", "its symptom is read inside vLLM's processes"),
+])
+def test_each_repro_prints_its_own_findings_symptom(fid, line, tmp_path):
+    res = result(RELEASE if fid != "padded-load-step" else DEVBUILD, f"{fid}-main")
+    cfg = ExperimentConfig.from_dict(res["config"])
+    ns = script_namespace(report.standalone(FINDINGS[fid], cfg, res), tmp_path)
+    got = ns["summary"]([row(10, 9, True), row(8, 7, False)])
+    assert line in got
+    assert ("more drafts than the baseline over" in got) == (fid == "padded-load-step")
+
+
+def test_the_repro_finds_the_repositorys_models_from_its_own_location(tmp_path, monkeypatch):
+    res = result(DEVBUILD, "padded-load-step-main")
+    cfg = ExperimentConfig.from_dict(res["config"])
+    text = report.standalone(FINDINGS["padded-load-step"], cfg, res)
+    monkeypatch.delenv("WORKBENCH_MODELS", raising=False)
+    inside = paths.DATA / "findings" / ".repro-test.py"
+    try:
+        inside.write_text(text)
+        assert runpy.run_path(str(inside))["default_models"]() == paths.MODELS
+    finally:
+        inside.unlink(missing_ok=True)
+    monkeypatch.setenv("WORKBENCH_MODELS", str(tmp_path))
+    assert script_namespace(text, tmp_path)["default_models"]() == tmp_path
+
+
+def test_the_summary_shows_own_run_controls_as_such(tmp_path):
+    c = check.load(RELEASE)
+    report.write_reports(tmp_path, c.outcomes, c.build, {}, {}, "python -m workbench check")
+    summary = (tmp_path / "summary.md").read_text()
+    assert "positive own run, negative ok" in summary and "positive ok" not in summary
