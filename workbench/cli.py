@@ -21,7 +21,7 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--config", help="a JSON file of ExperimentConfig fields (flags override it)")
     ap.add_argument("--target", help=f"target model directory (default {DEFAULT_TARGET})")
     ap.add_argument("--drafter", help=f"EAGLE3 drafter directory (default {DEFAULT_DRAFTER})")
-    ap.add_argument("--profile", help="cpu (default) or gpu")
+    ap.add_argument("--profile", help=f"{', '.join(PROFILES)} (default cpu)")
     ap.add_argument("--prompts", dest="num_prompts", type=int, help=f"number of prompts "
                     f"(default {d['num_prompts'].default})")
     ap.add_argument("--max-tokens", type=int, help=f"new tokens per request "
@@ -209,21 +209,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_before_start(cfg)
     check_prompts([cfg])
     from . import experiment
+    from .measuring.measure import RunBars
 
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "workbench", *sys.argv[1:]])
-    bar = None
+    progress = RunBars(cfg)  # "starting servers", then prompts done per side
     try:
-        from tqdm import tqdm
-
-        def progress(phase: str, done: int, total: int) -> None:
-            nonlocal bar
-            if bar is None:
-                bar = tqdm(desc="requests", unit="req")
-            bar.set_postfix_str(phase)
-            if phase in ("baseline", "pd"):  # "start" and "knobs" count no requests
-                bar.total = total
-                bar.update(done - bar.n)
-
         if urls:
             session = experiment.Session.attach(urls, knobs_file=args.knobs_file,
                                                 state_dir=args.state_dir)
@@ -233,8 +223,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             with experiment.Session(args.log_dir) as session:
                 result = session.run(cfg, progress=progress, command=command, out_dir=out)
     finally:
-        if bar is not None:
-            bar.close()
+        progress.close()
     print(_report(result))
     print(f"wrote {out / 'result.json'}")
     return 0
@@ -259,9 +248,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     table = sweep.run_sweep(points, out, base, use_papermill=not args.in_process,
                             resume=not args.restart, on_point=on_point)
-    cols = [c for c in ("label", "token_agreement", "baseline_acceptance_length",
-                        "pd_acceptance_length", "pd_pos0", "pd_pos1", "pd_pos2") if c in table]
-    print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    shown = {"label": "label", "token_agreement": "token_agreement",
+             "baseline_acceptance_length": "baseline_acceptance_length",
+             "pd_acceptance_length": "pd_acceptance_length", "pd_pos0": "pd_pos0",
+             "pd_pos1": "pd_pos1", "pd_pos2": "pd_pos2",
+             "effect_headline_pos0_verdict": "verdict_pos0 (headline)"}
+    cols = [c for c in shown if c in table]
+    print(table[cols].rename(columns=shown).to_string(index=False,
+                                                      float_format=lambda v: f"{v:.3f}"))
+    if "effect_headline_pos0_verdict" in table:
+        print("headline: D against its baseline with D's padded load step (finding "
+              "padded-load-step) set aside in the requests that have it; raw verdicts in "
+              "results.csv (effect_pos*_verdict)")
     print(f"wrote {out / 'results.csv'} and {out / 'figures'}/")
     return 0
 
@@ -426,17 +424,9 @@ def _devbuild_args(dp: argparse.ArgumentParser) -> None:
 
 
 def _report(result) -> str:
-    lines = []
-    for side in ("baseline", "pd"):
-        s = getattr(result, side)
-        if s:
-            rates = " / ".join(f"{r:.3f}" for r in s["per_position"])
-            lines.append(f"{side:>8}: per position {rates}  acceptance length "
-                         f"{s['acceptance_length']:.3f}  drafts {s['num_drafts']}")
-    if result.token_agreement is not None:
-        lines.append(f"token agreement: {result.token_agreement:.3f}")
-    lines += [f"note: {n}" for n in result.notes]
-    return "\n".join(lines)
+    from .measuring import readout
+
+    return "\n".join([*readout.lines(result), *(f"note: {n}" for n in result.notes)])
 
 
 class _Subcommand(argparse.ArgumentParser):

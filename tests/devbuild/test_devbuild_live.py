@@ -48,8 +48,17 @@ def test_the_fix_in_a_dev_build_makes_padded_load_step_absent(tmp_path):
     f = doc["findings"][0]
     assert f["verdict"] == "absent" and f["evidence"]["extra_drafts"] == 0, f
     assert f["controls"]["negative"]["ok"] is True
-    run = json.loads(Path(f["results"][0]).read_text())
+    run = json.loads(Path(next(r for r in f["results"] if "padded-load-step-main" in r))
+                     .read_text())
     assert run["vllm_build"]["version"] == version
+    # the fix leaves the padding alone (the step keeps its CUDA graph) and counts no draft for
+    # it: D's load steps are still padded, and D's counts are the baseline's request by request
+    d_load = run["knobs"]["after_run"]["d"]["components"]["engine_core"]["events"]["load_step"]
+    assert d_load["load_steps_padded"] == d_load["load_steps"] == len(run["requests"]) > 0
+    for r in run["requests"]:
+        assert r["agree"] and r["pd_spec"]["per_step_accepted"] == r["baseline_spec"][
+            "per_step_accepted"] and r["pd_spec"]["num_spec_steps"] == r["baseline_spec"][
+            "num_spec_steps"], r["id"]
 
 
 def test_a_build_missing_a_patch_target_refuses_that_knob_and_runs_without_it(tmp_path):

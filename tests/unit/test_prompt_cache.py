@@ -64,3 +64,16 @@ def test_a_fresh_process_gets_the_ids_without_transformers():
                          check=True).stdout
     ids, imported = json.loads(out)
     assert ids == [p.token_ids for p in ps] and imported is False
+
+
+@pytest.mark.parametrize("name", ["indomain", "mt_bench", "badcase", "lastblock"])
+def test_the_client_sends_one_bos_unless_double_bos_is_on(name):
+    """The client-side double BOS (no vLLM build can change it, so it is no finding of check):
+    every prompt the workbench builds starts with one BOS; double_bos=on doubles it."""
+    from transformers import AutoTokenizer
+
+    bos = AutoTokenizer.from_pretrained(TARGET).bos_token_id
+    single = prompts.build(name, 8, TARGET)
+    doubled = prompts.build(name, 8, TARGET, double_bos=True)
+    assert all(p.token_ids[0] == bos and p.token_ids[1] != bos for p in single)
+    assert all(p.token_ids[:2] == [bos, bos] for p in doubled)

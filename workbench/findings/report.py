@@ -143,10 +143,13 @@ def observed(result: dict) -> list[str]:
                          f"{s['num_drafts']} over {s.get('num_requests')} requests")
     eff = result.get("effect") or {}
     if eff.get("per_position_diff"):
-        ci = [[round(a, 3), round(b, 3)] for a, b in eff.get("per_position_diff_ci95") or []]
-        lines.append(f"- D minus baseline per position, paired by request: "
+        ci = [[round(c[0], 3), round(c[1], 3)] if c else None
+              for c in eff.get("per_position_diff_ci95") or []]
+        lines.append(f"- D minus baseline per position, paired by request (vLLM's raw rates): "
                      f"{[round(x, 3) for x in eff['per_position_diff']]}, 95% intervals {ci}; "
                      f"verdict against vLLM's 5% tolerance: {eff.get('verdict')}")
+    if (head := eff.get("headline")) and head.get("attributed"):
+        lines.append("- headline verdict per position: " + "; ".join(head["says"]))
     if result.get("token_agreement") is not None:
         lines.append(f"- token agreement D vs baseline: {result['token_agreement']:.3f}")
     return lines

@@ -1,0 +1,85 @@
+"""What one run tells its user, as the lines ``run`` prints: did the bug show?
+
+Per position: both sides' rates, D minus the baseline paired by request with its 95%
+interval, and the headline verdict (known findings attributed, the raw verdict beside it);
+token agreement with how many requests diverged and where first; and, when no interval can
+decide, how many prompts a decision needs at the spread this run measured.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .stats import INCONCLUSIVE, TOLERANCE
+
+
+def lines(result: Any) -> list[str]:
+    out = [side_line(side, getattr(result, side)) for side in ("baseline", "pd")
+           if getattr(result, side)]
+    eff = result.effect or {}
+    head = eff.get("headline")
+    if head and result.pd and result.baseline:
+        out += position_lines(result.pd, result.baseline, head)
+    if result.token_agreement is not None:
+        out.append(agreement_line(result))
+    if head and all(v == INCONCLUSIVE for v in head["verdict"]):
+        out.append(too_small_line(head, result.baseline, result.num_prompts))
+    return out
+
+
+def side_line(side: str, s: dict) -> str:
+    rates = " / ".join(f"{r:.3f}" for r in s["per_position"])
+    return (f"{side:>8}: per position {rates}  acceptance length {s['acceptance_length']:.3f}"
+            f"  drafts {s['num_drafts']} ({s.get('num_requests')} requests)")
+
+
+def position_lines(pd_: dict, base: dict, head: dict) -> list[str]:
+    out = []
+    for i, (diff, ci, says) in enumerate(zip(head["per_position_diff"],
+                                             head["per_position_diff_ci95"], head["says"],
+                                             strict=True)):
+        interval = f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "[no interval]"
+        shown = (pd_.get("per_position_without_extra_drafts") if head["attributed"]
+                 else None) or pd_["per_position"]
+        out.append(f"position {i}: D {shown[i]:.3f} vs baseline {base['per_position'][i]:.3f}, "
+                   f"D - baseline {_num(diff)} {interval} (95%, paired) -> {says}")
+    return out
+
+
+def agreement_line(result: Any) -> str:
+    both = [r for r in result.requests if r.get("agree") is not None]
+    diverged = [r for r in both if not r["agree"]]
+    line = f"token agreement: {result.token_agreement:.3f} ("
+    if not diverged:
+        return line + f"all {len(both)} requests equal, token for token)"
+    first = min(diverged, key=lambda r: r.get("first_diff") or 0)
+    return line + (f"{len(diverged)} of {len(both)} requests diverged; the earliest at token "
+                   f"{first.get('first_diff')} of request {first.get('id')})")
+
+
+def too_small_line(head: dict, base: dict, n: int) -> str:
+    """Every verdict inconclusive: how many prompts would let position 0's interval clear
+    the 5% band's edge, at this run's spread (intervals narrow as 1/sqrt(n))."""
+    need = prompts_needed(head["per_position_diff"][0], head["per_position_diff_ci95"][0],
+                          base["per_position"][0], n)
+    tail = (f"position 0 needs about {need} prompts at the spread measured here"
+            if need else "at this difference no prompt count decides (it sits on the band's "
+            "edge)")
+    return (f"too small to decide: every position is inconclusive with {n} prompts "
+            f"(an interval straddles the {TOLERANCE:.0%} band's edge); {tail}")
+
+
+def prompts_needed(diff: float | None, ci: list[float] | None, base_rate: float,
+                   n: int) -> int | None:
+    """Prompts for the interval's half-width to fit between ``diff`` and the band's edge."""
+    if diff is None or not ci or not base_rate:
+        return None
+    half, margin = (ci[1] - ci[0]) / 2, abs(abs(diff) - TOLERANCE * base_rate)
+    if margin <= 0 or half <= 0:
+        return None
+    return max(n + 1, math.ceil(n * (half / margin) ** 2))
+
+
+def _num(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:+.3f}"
