@@ -11,6 +11,8 @@ from typing import Any
 
 from .config import SWEEP_NUM_PROMPTS, ConfigError, ExperimentConfig, read_json
 from .inputs import input_checks
+from .inputs.profiles import PROFILES
+from .inputs.prompts import SOURCES
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET
 from .serving import rundir
@@ -24,9 +26,11 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--profile", help=f"{', '.join(PROFILES)} (default cpu)")
     ap.add_argument("--prompts", dest="num_prompts", type=int, help=f"number of prompts "
                     f"(default {d['num_prompts'].default})")
-    ap.add_argument("--max-tokens", type=int, help=f"new tokens per request "
-                    f"(default {d['max_tokens'].default})")
-    ap.add_argument("--prompt-set", help="mt_bench, indomain, badcase, lastblock or random")
+    ap.add_argument("--max-tokens", type=int, help="new tokens per request (default: the "
+                    "profile's; " + ", ".join(f"{n} {p.default_max_tokens}"
+                                              for n, p in PROFILES.items()) + ")")
+    ap.add_argument("--prompt-set", help=f"{', '.join(SOURCES)} (default: the profile's; "
+                    + ", ".join(f"{n} {p.default_prompt_set}" for n, p in PROFILES.items()) + ")")
     ap.add_argument("--prompt-file", help="JSONL of {'text': ...} or {'prompt_token_ids': [...]}")
     ap.add_argument("--k-p", type=int, help="P's num_speculative_tokens (default 1)")
     ap.add_argument("--k-d", type=int, help="D's and the baseline's num_speculative_tokens "
@@ -59,7 +63,9 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
         ap.add_argument(f"--port-{role}", type=int,
                         help=f"port of the {role} server (default: a free one)")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
-                    help="repeatable; " + knob_spec.help_text())
+                    help="repeatable; " + "; ".join(
+                        f"{n}: {'|'.join(knob_spec.KNOBS[n].values)}" for n in knob_spec.settings())
+                    + " (the KV probe is --kv-probe; kv_probe=on works too)")
 
 
 def _budget(text: str) -> int | dict[str, int]:
@@ -391,7 +397,7 @@ def _add_check(sub) -> None:
     cp.add_argument("--junit", help="also write JUnit XML here (one test case per finding)")
     cp.add_argument("--report", help="write an issue-ready DIR/<id>.md per present finding, "
                     "and DIR/summary.md")
-    cp.add_argument("--profile", default="cpu", help="cpu (default) or gpu")
+    cp.add_argument("--profile", default="cpu", help=f"{', '.join(PROFILES)} (default cpu)")
     _add_attach_args(cp, "; findings that need other server fields say not-applicable")
     cp.set_defaults(func=cmd_check)
 

@@ -31,8 +31,60 @@ from ..serving.proxy import pd_complete
 from . import metrics
 from .baseline_cache import BaselineCache
 
-Progress = Callable[[str, int, int], None]  # (phase, done, total)
+# (phase, done, total): "start" (servers starting) and "knobs" (applying them) count nothing;
+# "baseline" and "pd" once per request returned, done and total over both sides' requests.
+Progress = Callable[[str, int, int], None]
 SIDE_SERVERS = {"baseline": ("baseline",), "pd": ("d", "p")}  # counted server first
+
+
+class RunBars:
+    """A :data:`Progress` drawn with tqdm (the CLI's): "starting servers" with its elapsed
+    time while the servers start, then one bar per side counting prompts, opened when its
+    first request returns, so neither the start nor the other side enters a side's rate and
+    ETA. A baseline reused from the cache gets no bar."""
+
+    def __init__(self, cfg: ExperimentConfig, bar: Callable[..., Any] | None = None,
+                 tick_s: float = 1.0) -> None:
+        if bar is None:
+            from tqdm import tqdm as bar
+        self.make, self.tick_s = bar, tick_s
+        self.sides = int(cfg.run_baseline) + int(cfg.run_pd)
+        self.side: str | None = None
+        self.bar: Any = None
+        self.stop = threading.Event()
+        self.ticker: threading.Thread | None = None
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if phase == "start":
+            self.close()
+            self.bar = self.make(desc="starting servers", bar_format="{desc} {elapsed}")
+            self.stop = threading.Event()
+            self.ticker = threading.Thread(target=self._tick, args=(self.bar, self.stop),
+                                           daemon=True, name="workbench-progress")
+            self.ticker.start()
+        elif phase == "knobs":
+            if self.ticker is not None:  # the servers are up
+                self.bar.set_description_str("servers up after", refresh=False)
+            self.close()
+        elif phase in SIDE_SERVERS:
+            if phase != self.side:
+                self.close()
+                self.side = phase
+                self.bar = self.make(desc=phase, total=total // self.sides, unit="prompt")
+            self.bar.update(1)  # one call per request returned on this side
+
+    def _tick(self, bar: Any, stop: threading.Event) -> None:
+        while not stop.wait(self.tick_s):
+            bar.refresh()  # tqdm redraws only on an update: keep the elapsed time moving
+
+    def close(self) -> None:
+        if self.ticker is not None:
+            self.stop.set()
+            self.ticker.join()
+            self.ticker = None
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def handed_blocks(remote_block_ids) -> int | None:
