@@ -79,6 +79,11 @@ def test_intervals_and_the_paired_effect_are_in_the_result(concurrent, tmp_path)
     # Without D's padded first step, PD equals the baseline exactly (same tokens, same steps).
     assert e["without_extra_drafts"]["per_position_diff"] == [0.0, 0.0, 0.0]
     assert e["without_extra_drafts"]["verdict"] == ["within"] * 3
+    # the headline reads within, the padding attributed request by request, the raw beside it
+    assert all(q["padded_load_step"] for q in concurrent.requests)
+    assert e["headline"]["verdict"] == ["within"] * 3 and e["headline"]["raw_verdict"] == e[
+        "verdict"] and e["headline"]["attributed"] == ["padded-load-step"]
+    assert concurrent.pd["padded_load_step_drafts"] == len(concurrent.requests)
     row = concurrent.summary_row()
     assert row["concurrency"] == 8 and row["measurement_source"] == "per-request"
     assert {"pd_pos0_ci95_low", "effect_pos0_verdict", "baseline_acceptance_length_ci95_high",

@@ -104,3 +104,13 @@ def test_the_committed_reference_sweep_rows_keep_their_headline_verdicts():
 ])
 def test_prompts_needed_scales_the_interval_as_one_over_root_n(diff, ci, rate, n, want):
     assert readout.prompts_needed(diff, ci, rate, n) == want
+
+
+def test_the_notebooks_acceptance_table_names_both_verdicts():
+    from workbench.notebook.widgets import acceptance_frame
+
+    r = run_of([dict(x) for x in FIXED])
+    r.config = {"label": "fixed"}
+    df = acceptance_frame([r])
+    assert list(df["verdict (headline)"]) == ["within"] * 3
+    assert list(df["verdict (raw)"]) == r.effect["verdict"]

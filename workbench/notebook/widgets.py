@@ -109,6 +109,10 @@ def acceptance_frame(results: Sequence[Result]) -> pd.DataFrame:
         wide.insert(0, "run", plots.label(r))
         if "pd" in wide and "baseline" in wide:
             wide["pd - baseline"] = wide["pd"] - wide["baseline"]
+        head = (r.effect or {}).get("headline")
+        if head:  # the verdict to read: D's padded load step set aside where a request has it
+            wide["verdict (headline)"] = head["verdict"][:len(wide)]
+            wide["verdict (raw)"] = head["raw_verdict"][:len(wide)]
         frames.append(wide)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
