@@ -7,7 +7,7 @@ Starts the servers once, then for each repeat runs the same config at every conc
 by side and prints each run's wall time (baseline + PD, servers warm), the median per
 concurrency, the ratio to the first one, and whether greedy outputs and per-position counts
 are identical to the first concurrency's, request by request (a batching effect must never be
-mistaken for a KV bug; README, "How a run is measured").
+mistaken for a KV bug; docs/measurement.md#concurrency).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class ExperimentConfig:
     enforce_eager: bool | None = None
     request_timeout_s: float = 300.0
     # Requests in flight on each side at once (each response carries its own spec-decode
-    # counts). The README's "How a run is measured" gives the measurement behind the default.
+    # counts). docs/measurement.md#concurrency gives the measurement behind the default.
     concurrency: int = 32
     # Capture every KV layer's blocks per request on P, D and the baseline and compare them
     # (knobs/kv_probe.py, measuring/kv_compare.py); carried as the knob kv_probe.

@@ -43,7 +43,7 @@ GATED_SYNC_ONLY = (
 
 BATCH_DEPENDENT = (
     "concurrency {n}: with this setting the outputs depend on the other requests in flight, so "
-    "they differ from a run at concurrency 1 (README, 'How a run is measured'). The legacy "
+    "they differ from a run at concurrency 1 (docs/measurement.md#concurrency). The legacy "
     "hand-off makes D read a block never written for the request, and what it holds depends "
     "on which blocks the scheduler handed out (measured on the CPU, lastblock set: 32 of 32 "
     "requests' PD tokens differed between concurrency 1 and 32; which requests agree with the "
