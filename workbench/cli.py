@@ -63,8 +63,7 @@ def _add_experiment_args(ap: argparse.ArgumentParser) -> None:
         ap.add_argument(f"--port-{role}", type=int,
                         help=f"port of the {role} server (default: a free one)")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
-                    help="repeatable; " + "; ".join(
-                        f"{n}: {'|'.join(knob_spec.KNOBS[n].values)}" for n in knob_spec.settings())
+                    help="repeatable; " + knob_spec.help_text()
                     + " (the KV probe is --kv-probe; kv_probe=on works too)")
 
 

@@ -188,8 +188,8 @@ def settings() -> tuple[str, ...]:
 
 
 def help_text() -> str:
-    """One line for ``--knob``: every knob with its values."""
-    return "; ".join(f"{k.name}: {'|'.join(k.values)}" for k in KNOBS.values())
+    """One line for ``--knob``: every setting with its values (the instruments have flags)."""
+    return "; ".join(f"{n}: {'|'.join(KNOBS[n].values)}" for n in settings())
 
 
 def check_value(name: str, value: str) -> str:
