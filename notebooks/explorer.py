@@ -18,12 +18,15 @@
 #
 # Set the knobs, the servers' k, the prompts and the number of repeats, press **Run**: the
 # panel runs the baseline and the PD pipeline (P then D over NIXL) on the servers it keeps up,
-# and redraws per-position acceptance on D against the baseline (min-max over repeats) and
-# the results table. **Export** writes the figures (PNG/SVG/PDF, provenance in their metadata)
-# and the CSVs. ↻ marks settings that restart servers (`transfer`: P and D; k: all three);
-# the knobs' meaning and the vLLM source each one changes are in `tour.ipynb` and
-# `docs/knobs.md`. `profile` picks where the servers run: `cpu` (this machine), `gpu` or
-# `gpu-single` (`docs/gpu.md`), each with its own models, block size and default prompt set.
+# and redraws the results table and the figure: per run, D's per-position acceptance beside
+# its own baseline's on the same requests (hatched), whiskers min to max over the repeats (a
+# run made once: its 95% bootstrap interval), the prompt set, n, repeats and token agreement
+# under each run, the verdict above each pair. **Export** writes the figures (PNG/SVG/PDF,
+# provenance in their metadata) and the CSVs. ↻ marks settings that restart servers
+# (`transfer`: P and D; k: all three); the knobs' meaning and the vLLM source each one
+# changes are in `tour.ipynb` and `docs/knobs.md`. `profile` picks where the servers run:
+# `cpu` (this machine), `gpu` or `gpu-single` (`docs/gpu.md`), each with its own models,
+# block size and default prompt set.
 #
 # Headless (`papermill -p interactive False`), the notebook runs each entry of `runs` through
 # the same code path as the Run button (`KnobExplorer.run_once`) and shows the figure and table.

@@ -52,7 +52,11 @@ print(f"vLLM {checked.build.version} ({checked.build.source}, table entry "
 display(table)
 
 # %% [markdown]
-# Each present finding: what vLLM does and where, and its figure (with `report_dir` set).
+# Each present finding: what vLLM does and where, and its figure (with `report_dir` set): for
+# a finding read from acceptance, D's per-position bars beside the baseline's on the same
+# requests (each whisker that bar's 95% bootstrap interval; prompt set, n and token agreement
+# under the bars, the verdict above each pair); for one read from the KV probe, the probe's
+# figure.
 
 # %%
 for o in checked.outcomes:

@@ -89,6 +89,13 @@ print("server logs:", session.log_dir)
 # the same prompts. On this 2-core CPU the three servers took 52 to 106 s to start together in
 # the sweep-time measurements (`docs/performance.md`). `result.json` keeps the configuration,
 # the knob values read back from each server, every request's counters and tokens.
+#
+# The figure puts D's bar at each position beside the baseline's on the same requests
+# (hatched, to its right); each bar's whisker is its own 95% bootstrap interval (requests
+# resampled); under the bars are the prompt set, n (requests) and token agreement, and above
+# each pair the verdict: D within, outside or inconclusive against vLLM's ±5% on the paired
+# interval. A circle marks D with its padded load step set aside (one all-rejected placeholder
+# draft per request, finding `padded-load-step`).
 
 # %%
 def report(phase, done, total):
@@ -194,13 +201,23 @@ knob_table().loc[list(spec.settings())]
  else "runtime" for name in spec.settings()}
 
 # %% [markdown]
-# ## 3. One knob set: the same prompts through a re-created bug
+# ## 3. One knob set: a re-created bug, on its own prompts
 #
-# The second run keeps the servers (no restart-time knob changed). The session keeps the
-# baseline's rows and reuses them for a run with the same baseline server, prompts (their token
-# ids), `max_tokens` and concurrency, except with `kv_probe`: the probe compares D with the
-# baseline's own KV of this run, so the baseline runs again. `affected` marks the requests
-# whose length puts them in the bad case of the block hand-off.
+# The second run keeps the servers (no restart-time knob changed). It runs on
+# `knob_prompt_set` (`badcase` by default: prompt lengths in and out of the block hand-off's
+# bad case), so its numbers are not comparable with the first run's: another prompt set has
+# another acceptance, on the baseline too. The session keeps the baseline's rows and reuses
+# them for a run with the same baseline server, prompts (their token ids), `max_tokens` and
+# concurrency, except with `kv_probe`: the probe compares D with the baseline's own KV of this
+# run, so the baseline runs again. `affected` marks the requests whose length puts them in the
+# bad case of the block hand-off.
+#
+# In the figure each run is a group of its own: D beside *its own* baseline (the same
+# requests), never beside the other run's bars, and the title says when the prompt sets
+# differ. Under the legacy hand-off read the token agreement under the group (named in red
+# when any request diverged): the affected requests' output parts from the baseline's, while
+# their acceptance, averaged with the unaffected half, can stay within the interval of the
+# baseline at a few prompts (verdict inconclusive).
 
 # %%
 runs = [fixed]

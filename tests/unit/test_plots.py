@@ -10,7 +10,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.container import ErrorbarContainer
+from matplotlib.colors import to_rgba
+from matplotlib.container import BarContainer, ErrorbarContainer
 
 from workbench.figures import kv_plots, plots
 from workbench.measuring.results import Result
@@ -32,9 +33,9 @@ def row(affected: bool, accepted0: int, agree: bool) -> dict:
             "baseline": {"num_drafts": 10, "accepted_per_pos": [8, 0]}}
 
 
-def result(name: str, pd, baseline, agreement, rows) -> Result:
+def result(name: str, pd, baseline, agreement, rows, prompt_set="synthetic") -> Result:
     return Result(config={"label": name}, command="test", vllm_version="0.0", git_commit="x",
-                  created="2025-01-01T00:00:00", prompt_set="synthetic", num_prompts=len(rows),
+                  created="2025-01-01T00:00:00", prompt_set=prompt_set, num_prompts=len(rows),
                   wall_seconds=1.0, engine_seconds=1.0, knobs={}, pd=pd, baseline=baseline,
                   token_agreement=agreement, requests=rows)
 
@@ -75,8 +76,26 @@ def figures(monkeypatch) -> dict:
     return caught
 
 
-def texts(ax) -> list[str]:
-    return [t.get_text() for t in ax.texts]
+def texts(ax, kind: str = "value-label") -> list[str]:
+    """The texts of one kind written on an Axes: ``value-label`` (mark_small's values of bars
+    too thin to see), ``verdict`` (the words above each pair)."""
+    return [t.get_text() for t in ax.texts if (t.get_gid() or "").startswith(kind)]
+
+
+def legend_texts(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def bars(ax) -> list[tuple[str, list[float], list[float]]]:
+    """Every ax.bar call of an Axes, in order: ("baseline" for a hatched call, else "d"), the
+    bars' heights and their x centres."""
+    out = []
+    for c in ax.containers:
+        if isinstance(c, BarContainer):
+            kind = "baseline" if c.patches[0].get_hatch() else "d"
+            out.append((kind, [p.get_height() for p in c.patches],
+                        [p.get_x() + p.get_width() / 2 for p in c.patches]))
+    return out
 
 
 def whiskers(ax) -> list[np.ndarray]:
@@ -104,15 +123,114 @@ def test_per_position_draws_the_intervals_as_whiskers(tmp_path, figures, with_ci
     plots.per_position([with_ci, legacy], tmp_path)
     (ax,) = figures["per_position"].axes
     drawn = sorted(tuple(np.round(w, 6)) for w in whiskers(ax))
-    # PD's bars and the baseline's markers, from [low, high]; the legacy run has none.
+    # D's bars and the baseline's bars, from [low, high]; the legacy run has none.
     assert drawn == sorted([(0.75, 0.85), (0.45, 0.56), (0.76, 0.84), (0.47, 0.57)])
-    assert "95%" in ax.get_title()
+    said = [t for t in legend_texts(ax) if t.startswith("whiskers:")]
+    assert said == ["whiskers: 95% bootstrap interval (requests resampled),\neach bar its own"]
 
 
 def test_per_position_without_intervals_has_no_whiskers(tmp_path, figures, legacy):
     plots.per_position([legacy], tmp_path)
     (ax,) = figures["per_position"].axes
-    assert whiskers(ax) == [] and "95%" not in ax.get_title()
+    assert whiskers(ax) == []
+    assert not [t for t in legend_texts(ax) if "whisker" in t or "95%" in t]
+
+
+def two_prompt_sets() -> tuple[Result, Result]:
+    """The tour's two runs: every fix in place on in-domain prompts, the legacy hand-off on
+    the bad-case prompts, whose own baseline accepts more at position 0 than indomain's."""
+    fixed = result("all fixes in place", side([0.29, 0.12]), side([0.30, 0.13]), 1.0,
+                   [row(False, 3, True), row(True, 3, True)], prompt_set="indomain")
+    legacy = result("block_handoff=legacy", side([0.44, 0.20]), side([0.48, 0.25]), 0.5,
+                    [row(False, 4, True), row(True, 0, False)], prompt_set="badcase")
+    return fixed, legacy
+
+
+def test_per_position_draws_each_d_bar_beside_its_own_baseline(tmp_path, figures):
+    """The tour's figure put the legacy run's D beside nothing of its own (a baseline marker
+    shared the slot of indomain's fixed bar): each run's baseline bars are that run's
+    baseline, right next to its D bars, in the run's own group."""
+    fixed, legacy = two_prompt_sets()
+    plots.per_position([fixed, legacy], tmp_path)
+    (ax,) = figures["per_position"].axes
+    drawn = bars(ax)
+    assert [kind for kind, *_ in drawn] == ["d", "baseline", "d", "baseline"]
+    for (_, d, xd), (_, base, xb), r in zip(drawn[::2], drawn[1::2], (fixed, legacy),
+                                            strict=True):
+        assert d == pytest.approx(r.pd["per_position"])
+        assert base == pytest.approx(r.baseline["per_position"])
+        width = xb[0] - xd[0]
+        assert width > 0 and np.allclose(np.array(xb) - np.array(xd), width)  # beside it
+    # the groups do not interleave: all of fixed's bars lie left of legacy's
+    assert max(drawn[1][2]) < min(drawn[2][2])
+    assert "prompt sets differ" in ax.get_title()
+    plots.per_position([fixed, fixed], tmp_path)
+    assert "prompt sets differ" not in figures["per_position"].axes[0].get_title()
+
+
+def test_per_position_labels_carry_prompt_set_n_and_token_agreement(tmp_path, figures):
+    fixed, legacy = two_prompt_sets()
+    plots.per_position([fixed, legacy], tmp_path)
+    (ax,) = figures["per_position"].axes
+    ticks = ax.get_xticklabels()
+    assert [t.get_text() for t in ticks] == [
+        "all fixes in place\nindomain, n=2\ntokens equal 2/2",
+        "block_handoff=legacy\nbadcase, n=2\ntokens equal 1/2"]
+    # the run whose tokens diverged is named in red, and the legend says what red means
+    assert to_rgba(ticks[1].get_color()) == to_rgba("tab:red")
+    assert to_rgba(ticks[0].get_color()) != to_rgba("tab:red")
+    assert any(t.startswith("red name") for t in legend_texts(ax))
+
+
+def test_per_position_shows_the_headline_verdict_else_the_raw_one(tmp_path, figures):
+    fixed, legacy = two_prompt_sets()
+    fixed.effect = {"verdict": ["inconclusive", "within"]}
+    plots.per_position([fixed], tmp_path)
+    (ax,) = figures["per_position"].axes
+    assert texts(ax, "verdict-") == ["inconclusive", "within"]
+    assert "raw counts" in "".join(texts(ax, "note-verdicts"))
+    fixed.effect["headline"] = {"verdict": ["within", "within"], "attributed": []}
+    plots.per_position([fixed], tmp_path)
+    (ax,) = figures["per_position"].axes
+    assert texts(ax, "verdict-") == ["within", "within"]
+    assert "headline verdict" in "".join(texts(ax, "note-verdicts"))
+    legacy.effect = None  # a record without an effect: no words, no note
+    plots.per_position([legacy], tmp_path)
+    assert texts(figures["per_position"].axes[0], "verdict") == []
+
+
+def padded_row(extra: int, agree: bool = True, first_accepted: int = 0) -> dict:
+    q = row(False, 8, agree)
+    q.update(extra_pd_drafts=extra, pd_spec={"per_step_accepted": [first_accepted, 1]})
+    return q
+
+
+def test_padded_aside_sets_aside_only_the_padding_in_an_older_record(with_ci):
+    """Older records set aside every extra draft of D, a request's own too; the figures
+    count only D's padded load step (one all-rejected draft in a request whose tokens equal
+    the baseline's) and drop the recorded interval where it set aside more."""
+    with_ci.pd.update(num_drafts=100, accepted_per_pos=[40, 20],
+                      per_position_without_extra_drafts=[0.5, 0.25], extra_drafts_vs_baseline=20)
+    with_ci.effect = {"without_extra_drafts": {"per_position_diff_ci95": [[-0.1, 0.1]] * 2}}
+    with_ci.requests = [padded_row(1), padded_row(1), padded_row(18, agree=False)]
+    aside = plots.padded_aside(with_ci)
+    assert aside.rates == pytest.approx([40 / 98, 20 / 98]) and aside.diff_ci is None
+    with_ci.requests = [padded_row(1), padded_row(1), padded_row(0, agree=False)]
+    assert plots.padded_aside(with_ci).diff_ci == [[-0.1, 0.1]] * 2  # the same drafts
+    with_ci.requests = [padded_row(2), padded_row(1, first_accepted=1)]
+    assert plots.padded_aside(with_ci) is None  # no request has the padding
+    with_ci.requests = [row(False, 8, True)]
+    assert plots.padded_aside(with_ci) is None  # the record cannot tell
+
+
+def test_padded_aside_follows_the_headline(with_ci):
+    with_ci.pd["per_position_without_extra_drafts"] = [0.82, 0.51]
+    with_ci.effect = {"headline": {"verdict": ["within"] * 2, "attributed": ["padded-load-step"],
+                                   "per_position_diff_ci95": [[0.0, 0.0], None]}}
+    aside = plots.padded_aside(with_ci)
+    assert aside.rates == [0.82, 0.51] and aside.diff_ci == [[0.0, 0.0], None]
+    with_ci.effect["headline"]["attributed"] = []
+    assert plots.padded_aside(with_ci) is None
 
 
 def test_relative_error_draws_the_paired_interval_in_percent(tmp_path, figures, with_ci):
@@ -128,12 +246,27 @@ def test_relative_error_draws_the_paired_interval_in_percent(tmp_path, figures, 
 
 def test_relative_error_draws_the_interval_without_extra_drafts(tmp_path, figures, with_ci):
     with_ci.pd["extra_drafts_vs_baseline"] = 2
+    with_ci.pd["padded_load_step_drafts"] = 2  # a record that counts D's padding apart
     with_ci.pd["per_position_without_extra_drafts"] = [0.8, 0.52]
     with_ci.effect = {"per_position_diff_ci95": None,
                       "without_extra_drafts": {"per_position_diff_ci95": [[-0.04, 0.04], None]}}
     plots.relative_error([with_ci], tmp_path)
-    drawn = [tuple(np.round(w, 6)) for w in whiskers(figures["relative_error"].axes[0])]
+    (ax,) = figures["relative_error"].axes
+    drawn = [tuple(np.round(w, 6)) for w in whiskers(ax)]
     assert drawn == [(-5.0, 5.0)]  # position 1's interval is undefined: no whisker
+    said = legend_texts(ax)
+    assert any(t.startswith("grey whisker right of a circle") for t in said)
+    assert not any(t.startswith("whiskers:") for t in said)  # the bars have none
+
+
+def test_relative_error_labels_each_setting_with_its_prompts_and_whiskers(tmp_path, figures,
+                                                                          with_ci):
+    with_ci.effect = {"per_position_diff_ci95": [[-0.02, 0.01], [-0.04, 0.0]]}
+    plots.relative_error([with_ci], tmp_path)
+    (ax,) = figures["relative_error"].axes
+    assert ax.get_xticklabels()[0].get_text() == "with ci\nsynthetic, n=2\ntokens equal 2/2"
+    assert any(t.startswith("whiskers: 95% interval of D - baseline, paired by request")
+               for t in legend_texts(ax))
 
 
 @pytest.mark.parametrize("drop", [True, False])
@@ -147,7 +280,7 @@ def test_relative_error_without_effect_has_no_whiskers(tmp_path, figures, with_c
     assert getattr(old, "effect", None) is None and hasattr(old, "effect") is not drop
     plots.relative_error([old], tmp_path)
     (ax,) = figures["relative_error"].axes
-    assert whiskers(ax) == [] and "95%" not in ax.get_title()
+    assert whiskers(ax) == [] and not any("whisker" in t for t in legend_texts(ax))
 
 
 def test_zero_and_tiny_values_are_labelled(tmp_path, figures, with_ci, legacy, poisoned):
@@ -158,9 +291,23 @@ def test_zero_and_tiny_values_are_labelled(tmp_path, figures, with_ci, legacy, p
     assert texts(figures["token_agreement"].axes[0]) == ["0"]
     acc, agree = figures["affected_split"].axes
     # legacy: affected requests accept nothing and all disagree; poisoned: 0 acceptance, and
-    # no affected request at all, which is "n/a", not 0
-    assert sorted(texts(acc)) == ["0", "0", "n/a"]
+    # no affected request at all, which is "n/a", not 0 (for D and for its baseline)
+    assert sorted(texts(acc)) == ["0", "0", "n/a", "n/a"]
     assert sorted(texts(agree)) == ["0", "0", "n/a"]
+
+
+def test_affected_split_draws_the_baseline_of_the_same_requests(tmp_path, figures):
+    """Position 0 on D, affected and unaffected apart, each beside the baseline's rate over
+    the same requests; n of each part under the run's name."""
+    r = result("legacy", side([0.4, 0.3]), side([0.8, 0.5]), 0.5,
+               [row(False, 6, True), row(False, 8, True), row(True, 0, False)])
+    r.requests[2]["baseline"]["accepted_per_pos"] = [9, 0]
+    plots.split_affected([r], tmp_path)
+    acc, _ = figures["affected_split"].axes
+    assert [(kind, h) for kind, h, _ in bars(acc)] == [
+        ("d", [0.7]), ("baseline", [0.8]), ("d", [0.0]), ("baseline", [0.9])]
+    label = figures["affected_split"].axes[1].get_xticklabels()[0].get_text()
+    assert "unaffected n=2" in label and "affected n=1" in label
 
 
 def test_value_labels_reach_the_svg(tmp_path, legacy):
@@ -197,8 +344,14 @@ def test_spread_uses_intervals_for_one_repeat_and_min_max_for_several(tmp_path, 
     ci = [(0.75, 0.85), (0.45, 0.56), (0.76, 0.84), (0.47, 0.57)]
     min_max = [(0.4, 0.5), (0.2, 0.3)]  # the baseline's two repeats are equal: zero whiskers
     assert drawn == sorted([*ci, *min_max, (0.8, 0.8), (0.5, 0.5)])
-    title = ax.get_title()
-    assert "min-max" in title and "95%" in title
+    said = [t for t in legend_texts(ax) if t.startswith("whiskers:")]
+    assert said == ["whiskers: min to max over the repeats (runs repeated)",
+                    "whiskers: 95% bootstrap interval (requests resampled)\n(runs made once)"]
+    # each group: D's mean beside its own baseline's mean; the repeats said under the name
+    assert [(kind, np.round(h, 6).tolist()) for kind, h, _ in bars(ax)] == [
+        ("d", [0.8, 0.5]), ("baseline", [0.8, 0.52]), ("d", [0.45, 0.25]),
+        ("baseline", [0.8, 0.5])]
+    assert ax.get_xticklabels()[1].get_text().endswith("2 repeats")
 
 
 def test_spread_writes_its_files_with_and_without_intervals(tmp_path, with_ci, legacy):
@@ -227,14 +380,27 @@ def test_acceptance_against_concurrency_has_a_panel_per_setting_and_a_point_per_
     fig = figures["acceptance_vs_concurrency"]
     axes = [ax for ax in fig.axes if ax.get_title()]
     assert sorted(ax.get_title() for ax in axes) == [
-        "all fixes in place (synthetic)", "finalize=eager (synthetic)"]
-    pd_pos0 = [c for c in axes[0].containers if isinstance(c, ErrorbarContainer)][0]
+        "all fixes in place (synthetic)\nn=1 per load; token agreement 1.00",
+        "finalize=eager (synthetic)\nn=1 per load; token agreement 1.00"]
+    pd_pos0, *_, base_pos1 = [c for c in axes[0].containers if isinstance(c, ErrorbarContainer)]
     assert list(pd_pos0.lines[0].get_xdata()) == [1, 4, 16]
     assert pd_pos0.has_yerr  # the PD side's intervals are drawn
+    # the baseline's points sit a little right of D's, so neither hides the other
+    assert list(base_pos1.lines[0].get_xdata()) == pytest.approx(
+        [c * plots.BASELINE_SHIFT for c in (1, 4, 16)])
     # one concurrency only: no such figure
     figures.clear()
     plots.all_figures(runs[:1], tmp_path)
     assert "acceptance_vs_concurrency" not in figures
+    # the default sweep's case: loads differ between settings, each measured at one load
+    figures.clear()
+    plots.all_figures([runs[0], runs[5]], tmp_path)
+    assert "acceptance_vs_concurrency" not in figures
+    # beside a setting at several loads, a setting at one load gets no panel
+    figures.clear()
+    plots.all_figures([*runs[:3], runs[5]], tmp_path)
+    titles = [ax.get_title() for ax in figures["acceptance_vs_concurrency"].axes]
+    assert [t.split("\n")[0] for t in titles if t] == ["all fixes in place (synthetic)"]
 
 
 DRAFTER_LAYER = "model.layers.2.self_attn.attn"
