@@ -108,7 +108,7 @@ def test_tour_runs_headless_and_takes_injected_parameters(attach, small_cfg, tmp
     # injected values, not the notebook's defaults (8 prompts, 32 tokens)
     assert fixed["config"]["num_prompts"] == 3 and fixed["num_prompts"] == 3
     assert fixed["config"]["max_tokens"] == 8
-    assert fixed["config"]["target"] == small_cfg.target
+    assert fixed["config"]["target"] == small_cfg.to_dict()["target"]  # as records keep it
     assert fixed["knobs"]["d"]["finalize"] == "deferred"
     assert fixed["token_agreement"] == 1.0
     knobbed = load_result(out / "knobs" / "result.json")
