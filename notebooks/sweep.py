@@ -45,8 +45,10 @@ else:
 display(table)
 
 # %%
-if result is not None:
+if result is not None:  # what `run` prints: the headline verdicts, with the raw ones beside
+    from workbench.measuring import readout
+
     print("knobs in force on D:", result.knobs.get("d"))
-    print("token agreement:", result.token_agreement)
+    print("\n".join(readout.lines(result)))
     for note in result.notes:
         print("note:", note)
