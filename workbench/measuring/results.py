@@ -349,9 +349,10 @@ def _server_counts(rows: list[dict], role: str) -> list[dict]:
 def is_padded_load_step(r: dict) -> bool:
     """Whether a request's draft difference is D's padded load step (finding
     ``padded-load-step``): D's tokens equal the baseline's and D has exactly one draft more,
-    all rejected, at its first step. Anywhere else the difference is the request's own."""
-    first = ((r.get("pd_spec") or {}).get("per_step_accepted") or [0])[0]
-    return bool(r["agree"]) and r["extra_pd_drafts"] == 1 and first == 0
+    all rejected, at its first step. Anywhere else the difference is the request's own, and so
+    where D's per-step counts are unknown (a ``/metrics`` scrape): nothing is guessed."""
+    steps = (r.get("pd_spec") or {}).get("per_step_accepted") or []
+    return bool(r["agree"]) and r["extra_pd_drafts"] == 1 and steps[:1] == [0]
 
 
 def add_extra_drafts(result: Result, both: list[dict]) -> None:
