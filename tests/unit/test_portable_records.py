@@ -41,7 +41,7 @@ def test_no_committed_record_names_a_machine_path():
 
 def test_the_machine_path_pattern_catches_what_it_is_for():
     assert MACHINE_PATH.search('"target": "/home/ci/clone/data/models/target"')
-    assert MACHINE_PATH.search("file:///work/main/.cache/x.whl")
+    assert MACHINE_PATH.search("file:///work/other-clone/.cache/x.whl")
     assert not MACHINE_PATH.search("vllm/v1/core/sched/scheduler.py and /tmp/repro")
 
 
