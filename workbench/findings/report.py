@@ -62,22 +62,23 @@ def plugin_env(cfg: ExperimentConfig) -> dict[str, str]:
 def servers(cfg: ExperimentConfig) -> list[dict]:
     """The servers as ``plan`` makes them, with what differs per machine left as
     placeholders the script fills at start: the models, ports, side-channel ports and cores."""
+    models = {str(cfg.target): "{target}", str(cfg.drafter): "{drafter}"}
+    per_machine = {"VLLM_NIXL_SIDE_CHANNEL_PORT": "{side_channel_port}",
+                   "VLLM_CPU_OMP_THREADS_BIND": "{cpus}"}
     out = []
     for s in server_specs(cfg, "repro-logs"):
-        values = {str(cfg.target): "{target}", str(cfg.drafter): "{drafter}"}
-        argv = ["python", *(_placeholders(a, values) for a in s.command()[1:])]
+        argv = ["python", *(replaced(a, models) for a in s.command()[1:])]
         argv[argv.index("--port") + 1] = "{port}"
-        env = {k: v for k, v in s.env().items() if not k.startswith("WORKBENCH_")}
-        env.update({k: "{side_channel_port}" for k in env if k == "VLLM_NIXL_SIDE_CHANNEL_PORT"})
-        env.update({k: "{cpus}" for k in env if k == "VLLM_CPU_OMP_THREADS_BIND"})
+        env = {k: per_machine.get(k, v) for k, v in s.env().items()
+               if not k.startswith("WORKBENCH_")}
         out.append({"role": s.role, "argv": argv, "env": env})
     return out
 
 
-def _placeholders(arg: str, values: dict[str, str]) -> str:
+def replaced(text: str, values: dict[str, str]) -> str:
     for old, new in values.items():
-        arg = arg.replace(old, new)
-    return arg
+        text = text.replace(old, new)
+    return text
 
 
 def command_lines(servers: list[dict], cfg: ExperimentConfig) -> list[str]:
@@ -94,9 +95,8 @@ def command_lines(servers: list[dict], cfg: ExperimentConfig) -> list[str]:
 
 
 def fill(text: str, values: dict[str, str]) -> str:
-    for k, v in values.items():
-        text = text.replace("{" + k + "}", v)
-    return text
+    """``{name}`` placeholders filled, as the script does at start."""
+    return replaced(text, {"{" + k + "}": v for k, v in values.items()})
 
 
 def _quoted(arg: str) -> str:

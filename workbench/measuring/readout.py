@@ -36,12 +36,12 @@ def side_line(side: str, s: dict) -> str:
 
 def position_lines(pd_: dict, base: dict, head: dict) -> list[str]:
     out = []
+    shown = (pd_.get("per_position_without_extra_drafts") if head["attributed"]
+             else None) or pd_["per_position"]
     for i, (diff, ci, says) in enumerate(zip(head["per_position_diff"],
                                              head["per_position_diff_ci95"], head["says"],
                                              strict=True)):
         interval = f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "[no interval]"
-        shown = (pd_.get("per_position_without_extra_drafts") if head["attributed"]
-                 else None) or pd_["per_position"]
         out.append(f"position {i}: D {shown[i]:.3f} vs baseline {base['per_position'][i]:.3f}, "
                    f"D - baseline {_num(diff)} {interval} (95%, paired) -> {says}")
     return out
