@@ -13,6 +13,7 @@ from typing import Any
 
 from .inputs import input_checks, modelfiles, models, profiles
 from .inputs.prompts import SOURCES as _PROMPT_SOURCES
+from .knobs import connector as kv_connector
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET, portable, resolve
 
@@ -110,6 +111,7 @@ class ExperimentConfig:
             raise ConfigError(f"knobs={self.knobs!r} must be an object of knob name -> value")
         try:
             self.knobs = knob_spec.validate(dict(self.knobs))
+            kv_connector.check(self.knobs, profiles.PROFILES[self.profile].device)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.knobs["kv_probe"] = "on" if self.kv_probe else "off"  # the field decides

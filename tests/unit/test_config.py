@@ -102,8 +102,8 @@ def test_knob_defaults_are_the_fixed_behaviour():
     assert knob_spec.defaults() == {
         "finalize": "deferred", "prefill_lookahead": "default", "block_handoff": "clipped",
         "load_step": "as-released",
-        "blocks": "as-is", "dirty_source": "noise", "transfer": "direct", "double_bos": "off",
-        "kv_probe": "off",
+        "blocks": "as-is", "dirty_source": "noise", "transfer": "direct", "connector": "nixl",
+        "double_bos": "off", "kv_probe": "off",
     }
 
 

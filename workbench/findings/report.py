@@ -46,9 +46,11 @@ def environment(build, device: str) -> list[str]:
 def plugin_knobs(cfg: ExperimentConfig) -> dict[str, str]:
     """The knobs off their as-released value that only the workbench's plugin gives this
     platform (host staging on a CPU: NIXL turns its host buffer off there); empty when vLLM
-    alone runs the experiment. The KV probe only measures, and the script does not read it."""
+    alone runs the experiment. The KV probe only measures, and the script does not read it;
+    the connector is vLLM's own command line."""
     defaults = knob_spec.defaults()
-    native = {"transfer"} if profiles.get(cfg.profile).device != "cpu" else set()
+    native = {"connector"} | ({"transfer"} if profiles.get(cfg.profile).device != "cpu"
+                              else set())
     return {n: v for n, v in cfg.knobs.items()
             if v != defaults.get(n) and n not in native and n != "kv_probe"}
 
@@ -56,7 +58,9 @@ def plugin_knobs(cfg: ExperimentConfig) -> dict[str, str]:
 def plugin_env(cfg: ExperimentConfig) -> dict[str, str]:
     """The restart-time variables that ask the plugin for ``plugin_knobs`` (empty: none)."""
     knobs = plugin_knobs(cfg)
-    return knob_spec.restart_env({**knob_spec.defaults(), **knobs}) if knobs else {}
+    env = knob_spec.restart_env({**knob_spec.defaults(), **knobs}) if knobs else {}
+    env.pop(knob_spec.ENV_CONNECTOR, None)  # the plugin only reads the connector back
+    return env
 
 
 def servers(cfg: ExperimentConfig) -> list[dict]:

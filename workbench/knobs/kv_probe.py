@@ -33,7 +33,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from . import _patch
+from . import _patch, connector
 from .component import Component, log
 from .http_channel import KV_PROBE_METHOD as METHOD
 
@@ -269,10 +269,20 @@ def _keep(key: str, snap: dict, nbytes: int) -> None:
         PROBE.snapshot_bytes -= dropped["bytes"]
 
 
+def _loads_in_forward() -> bool:
+    """D's connector loads during the forward (``ExampleConnector.start_load_kv``), not
+    before the request is scheduled as NIXL's asynchronous load is: D then captures after
+    its first step, as P does after its prefill."""
+    return connector.flow({"connector": connector.requested()}) == connector.SAME_PROMPT
+
+
 def _wanted(new_req) -> bool:
     """D: requests whose KV came from P (``kv_transfer_params`` from P's response, which
-    ``NixlConnectorScheduler`` marks ``do_remote_prefill=False`` once it queued the load);
-    P: requests D will pull; the baseline: all."""
+    ``NixlConnectorScheduler`` marks ``do_remote_prefill=False`` once it queued the load;
+    every request where D finds P's KV by the prompt, in shared storage); P: requests D will
+    get (every request where P stores by the prompt); the baseline: all."""
+    if PROBE.role in ("d", "p") and _loads_in_forward():
+        return True
     params = (getattr(new_req.sampling_params, "extra_args", None) or {}).get(
         "kv_transfer_params") or {}
     if PROBE.role == "d":  # NIXL resets do_remote_prefill once it set the load up
@@ -293,7 +303,7 @@ def before_step(scheduler_output) -> None:
         PROBE.reqs[new.req_id] = {"prompt": list(new.prompt_token_ids),
                                   "block_ids": [list(b) for b in new.block_ids],
                                   "num_computed": new.num_computed_tokens}
-        if PROBE.role == "d":
+        if PROBE.role == "d" and not _loads_in_forward():
             capture(new.req_id)
     cached = scheduler_output.scheduled_cached_reqs
     for i, req_id in enumerate(cached.req_ids):
@@ -301,7 +311,7 @@ def before_step(scheduler_output) -> None:
         if info is not None and cached.new_block_ids[i] is not None:
             for g, ids in enumerate(cached.new_block_ids[i]):
                 info["block_ids"][g].extend(ids)
-    if PROBE.role != "d":
+    if PROBE.role != "d" or _loads_in_forward():
         _mark_prefilled(scheduler_output)
     for req_id in scheduler_output.finished_req_ids:
         PROBE.reqs.pop(req_id, None)

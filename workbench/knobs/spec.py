@@ -26,6 +26,7 @@ ENV_CONTROL_FILE = "WORKBENCH_KNOBS_FILE"  # JSON written by the workbench, poll
 ENV_STATE_DIR = "WORKBENCH_KNOBS_STATE_DIR"  # each vLLM process writes what is in force here
 ENV_ROLE = "WORKBENCH_ROLE"  # "p", "d" or "baseline"
 ENV_TRANSFER = "WORKBENCH_TRANSFER"  # restart-time knob, fixed for the server's life
+ENV_CONNECTOR = "WORKBENCH_CONNECTOR"  # restart-time knob: the KV connector P and D run
 ENV_NIXL_PROGRESS_DELAY_US = "WORKBENCH_NIXL_PROGRESS_DELAY_US"  # see nixl_progress.py
 ENV_PIN_MAIN_THREAD = "WORKBENCH_PIN_MAIN_THREAD"  # "1": see cpu_pin.py
 ENV_OBSERVE_ONLY = "WORKBENCH_OBSERVE_ONLY"  # a directory: no knob, see observe.py
@@ -135,6 +136,20 @@ KNOBS: dict[str, KnobSpec] = {
             restart=True, env=ENV_TRANSFER, register="workbench.knobs.transfer:install",
             why_restart="the host staging buffer is allocated and registered with NIXL "
             "when the connector is built",
+        ),
+        KnobSpec(
+            "connector", ("nixl", "nixl-push", "example", "multi", "mooncake", "offloading",
+                          "lmcache"), "nixl",
+            where="server command line: --kv-transfer-config of P and D (knobs/connector.py: "
+            "nixl: NixlConnector, pull; nixl-push: NixlPushConnector; example: "
+            "ExampleConnector, shared storage; multi: MultiConnector of NixlConnector and "
+            "ExampleConnector; mooncake: MooncakeConnector; offloading: MultiConnector of "
+            "NixlConnector and OffloadingConnector; lmcache: LMCacheConnectorV1). The plugin "
+            "only reads back the class vLLM built",
+            hooks={"engine_core": _hook("connector")},
+            roles=("p", "d"),  # the baseline has no KV connector: a change keeps it running
+            restart=True, env=ENV_CONNECTOR,
+            why_restart="vLLM builds the KV connector once, from --kv-transfer-config",
         ),
         KnobSpec(
             "double_bos", ("off", "on"), "off",

@@ -27,6 +27,7 @@ import httpx
 
 from ..config import ExperimentConfig
 from ..inputs.prompts import Prompt
+from ..knobs import connector as kv_connector
 from ..serving.proxy import pd_complete
 from . import metrics
 from .baseline_cache import BaselineCache
@@ -185,7 +186,8 @@ class Requests:
         body = {**request_body(self.cfg), "prompt": p.token_ids}
         t, legs = time.monotonic(), {}
         p_resp, d_resp = await pd_complete(self.client, self.urls["p"], self.urls["d"], body,
-                                           f"{self.tag}-pd-{p.id}", timings=legs)
+                                           f"{self.tag}-pd-{p.id}", timings=legs,
+                                           flow=kv_connector.flow(self.cfg.knobs))
         params = p_resp.get("kv_transfer_params") or {}
         return {"pd_seconds": time.monotonic() - t, "p_seconds": legs["p"],
                 "d_seconds": legs["d"],

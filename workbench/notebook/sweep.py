@@ -109,6 +109,18 @@ GRIDS: dict[str, list[Point]] = {
             ("gated", "the PR gates synchronous loads only; NIXL loads asynchronously"),
             ("gated-async", "the padding gated after the asynchronous load: D = baseline"))
     ],
+    # Every KV connector that runs on the CPU (knobs/connector.py), with every fix in place,
+    # one request at a time and 32 in flight, each with the KV probe (docs/connectors.md).
+    "connectors": [
+        Point(f"{name}, {c} in flight", "indomain", {"connector": name}, why,
+              {"concurrency": c, "kv_probe": True})
+        for name, why in (
+            ("nixl", "NIXL pull: D reads P's blocks (the reference)"),
+            ("nixl-push", "NIXL push: P writes its blocks into D's"),
+            ("example", "shared storage: P saves every layer, D loads by the prompt"),
+            ("multi", "MultiConnector: NIXL pull, and ExampleConnector saving beside it"))
+        for c in (1, 32)
+    ],
     "smoke": [
         Point("fixed", "indomain", {}),
         Point("legacy hand-off", "badcase", {"block_handoff": "legacy"}),
@@ -190,9 +202,19 @@ def recorded(point_dir: Path) -> dict | None:
             "models": "not recorded"}
 
 
+def with_new_knobs(rec: dict) -> dict:
+    """``rec`` with each knob added since it was recorded at its default: a knob's default is
+    vLLM as released (or as fixed), which is what a run from before the knob existed ran."""
+    cfg = rec.get("config") or {}
+    if "knobs" not in cfg:
+        return rec
+    return {**rec, "config": {**cfg, "knobs": {**knob_spec.defaults(), **cfg["knobs"]}}}
+
+
 def differences(old: dict, new: dict) -> list[str]:
     """The fields in which two point records differ, as ``name: old -> new``."""
     out = []
+    old = with_new_knobs(old)
     oc, nc = old.get("config") or {}, new["config"]
     for k in sorted(set(oc) | set(nc)):
         if k == "knobs":
@@ -222,7 +244,7 @@ def is_complete(point_dir: Path, record: dict) -> bool:
     old = recorded(point_dir)
     if old is None:
         return False
-    if _digest(old) == record["digest"]:
+    if _digest(with_new_knobs(old)) == record["digest"]:
         return True
     diffs = differences(old, record) or ["digest"]
     raise ConfigError(

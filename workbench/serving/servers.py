@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from ..config import ConfigError, is_loopback
+from ..knobs import connector as kv_connector
 from ..knobs import spec as knob_spec
 from . import rundir
 
@@ -116,7 +117,7 @@ class ServerSpec:
             auto.append("port")
         else:
             check_port_free(self.port, self.host)
-        if self.kv_role is not None and self.side_channel_port is None:
+        if self.kv_role is not None and self.kv_connector.nixl and self.side_channel_port is None:
             auto.append("side_channel_port")
         self.auto_ports = tuple(auto)
         self.reassign_ports()
@@ -125,6 +126,12 @@ class ServerSpec:
         """Fresh free ports for every port chosen automatically."""
         for name in self.auto_ports:
             setattr(self, name, free_port(self.host))
+
+    @property
+    def kv_connector(self) -> kv_connector.Connector:
+        """The connector the restart-time knob ``connector`` names (the default without one)."""
+        return kv_connector.get(self.restart_knobs.get(
+            "connector", knob_spec.KNOBS["connector"].default))
 
     @property
     def url(self) -> str:
@@ -166,11 +173,8 @@ class ServerSpec:
         if self.enforce_eager:
             cmd.append("--enforce-eager")
         if self.kv_role is not None:
-            kv_cfg = {"kv_connector": "NixlConnector", "kv_role": self.kv_role}
-            # "cuda" is vLLM's default on a GPU (KVTransferConfig.kv_buffer_device), and
-            # vLLM's PD test leaves it unset there.
-            if self.kv_buffer_device != "cuda":
-                kv_cfg["kv_buffer_device"] = self.kv_buffer_device
+            kv_cfg = self.kv_connector.kv_config(self.kv_role, self.kv_buffer_device,
+                                                 kv_connector.storage_dir(self.log_dir))
             cmd += ["--kv-transfer-config", json.dumps(kv_cfg)]
         return cmd + list(self.extra_args)
 
