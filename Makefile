@@ -9,7 +9,7 @@ STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases check check-devbuild
+.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases check check-devbuild connectors check-connectors
 
 setup: $(STAMP)
 
@@ -74,6 +74,22 @@ compat: setup
 # Every mechanism's KV signature: the default grid with the KV probe (docs/kv-probe.md).
 kv-probe: setup
 	$(PY) -m workbench sweep --grid default --kv-probe --prompts 32 --out data/kv-probe
+
+# Every KV connector that runs on the CPU, at 1 and 32 in flight with the KV probe
+# (docs/connectors.md): data/connectors/ holds the rows, the table and the figures.
+CONNECTORS_PROMPTS ?= 32
+connectors: setup
+	$(PY) -m workbench sweep --grid connectors --prompts $(CONNECTORS_PROMPTS) --out data/connectors
+
+# `check` once per KV connector that runs on the CPU, then the connector x finding table
+# printed and written into docs/connectors.md. A verdict that differs from the expectations
+# does not stop the other connectors; the table's exit status says whether any differed.
+CHECK_CONNECTORS ?= nixl nixl-push example multi
+check-connectors: setup
+	set -e; for c in $(CHECK_CONNECTORS); do \
+	  $(PY) -m workbench check --connector $$c --out data/connectors/check-$$c || test $$? -eq 1; \
+	done
+	$(PY) -m workbench.findings.connector_table $(addprefix data/connectors/check-,$(CHECK_CONNECTORS))
 
 # Old releases against the knobs (docs/releases.md): builds each release's
 # own environment under .venvs/ (uv; about 6 GB, once), runs it natively with the plugin

@@ -2,8 +2,8 @@
 # GPU runbook: on a machine with two GPUs, install the `gpu` extra, check the installed vLLM
 # release against its own source, run the reference experiment in vLLM's test shape (80
 # MT-Bench prompts, 256 tokens, one request at a time, kv_buffer_device cuda and cpu) and
-# the default knob grid, then print pass/fail against vLLM's reference (2.60 and
-# 0.7296 / 0.5208 / 0.3545 on D, +-5% per position).
+# the default knob grid and the KV connectors a CPU cannot run, then print pass/fail against
+# vLLM's reference (2.60 and 0.7296 / 0.5208 / 0.3545 on D, +-5% per position).
 #
 #   scripts/gpu-check.sh            # run it (about 16 GB of weights download once)
 #   scripts/gpu-check.sh --dry-run  # print every command and environment, run nothing
@@ -85,6 +85,22 @@ done
 
 echo "== default knob grid"
 run "$PY" -m workbench sweep --grid default --profile gpu --out "$OUT/sweep"
+
+echo "== KV connectors the CPU cannot run (docs/connectors.md): their plan; offloading run"
+# OffloadingConnector under MultiConnector with NIXL pull runs on 16 prompts. LMCacheConnectorV1:
+# plan only. Its PD mode also needs the lmcache package and an LMCACHE_CONFIG_FILE per role
+# (enable_pd, the peer's address), LMCache's configuration, which the workbench does not write.
+for conn in offloading lmcache; do
+  echo "# connector=$conn: every server's command line and environment"
+  if [[ "$DRY_RUN" == 1 ]]; then
+    (cd "$ROOT" && "$PYTHON" -m workbench plan --profile gpu --knob "connector=$conn") \
+      || echo "# (plan needs the workbench importable by $PYTHON)"
+  else
+    run "$PY" -m workbench plan --profile gpu --knob "connector=$conn"
+  fi
+done
+run "$PY" -m workbench run --profile gpu --knob connector=offloading --prompts 16 --kv-probe \
+  --out "$OUT/connector-offloading"
 
 echo "== pass/fail against vLLM's reference (+-5% per position)"
 run "$PY" -m workbench.measuring.gpu_check "$OUT/reference-cuda" "$OUT/reference-cpu"

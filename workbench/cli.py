@@ -397,6 +397,9 @@ def _add_check(sub) -> None:
     cp.add_argument("--report", help="write an issue-ready DIR/<id>.md per present finding, "
                     "and DIR/summary.md")
     cp.add_argument("--profile", default="cpu", help=f"{', '.join(PROFILES)} (default cpu)")
+    cp.add_argument("--connector", default="nixl", help="the KV connector every run uses (knob "
+                    "connector: docs/connectors.md; default nixl); findings that need a knob "
+                    "that does not act through it say not-applicable, with why")
     _add_attach_args(cp, "; findings that need other server fields say not-applicable")
     cp.set_defaults(func=cmd_check)
 

@@ -54,10 +54,18 @@ def test_dry_run_prints_the_environment_and_the_servers_plan(dry_run):
     assert f"VENV={venv}" in out and f"OUT={runs}" in out
     assert "HF_HUB_OFFLINE=<unset" in out and "CUDA_VISIBLE_DEVICES=" in out
     servers = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
-    assert [s["role"] for s in servers] == ["p", "d", "baseline"] * 2
+    assert [s["role"] for s in servers] == ["p", "d", "baseline"] * 4
     kv = [json.loads(s["argv"][s["argv"].index("--kv-transfer-config") + 1])
           for s in servers if s["role"] == "d"]
-    assert [c.get("kv_buffer_device", "cuda") for c in kv] == ["cuda", "cpu"]
+    assert [c.get("kv_buffer_device", "cuda") for c in kv[:2]] == ["cuda", "cpu"]
+    # then the connectors a CPU cannot run: offloading beside NIXL, and LMCache (plan only)
+    assert [c["kv_connector"] for c in kv] == ["NixlConnector"] * 2 + [
+        "MultiConnector", "LMCacheConnectorV1"]
+    assert [c["kv_connector"] for c in kv[2]["kv_connector_extra_config"]["connectors"]] == [
+        "NixlConnector", "OffloadingConnector"]
+    cmds = _commands(out)
+    assert any("--knob connector=offloading --prompts 16 --kv-probe" in c for c in cmds)
+    assert not any("run --profile gpu --knob connector=lmcache" in c for c in cmds)
     for s in servers:
         assert s["argv"][s["argv"].index("--attention-backend") + 1] == "FLASH_ATTN"
         assert s["env"]["VLLM_KV_CACHE_LAYOUT"] and "HF_HUB_OFFLINE" not in s["env"]

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, ExperimentConfig
+from ..inputs import profiles
+from ..knobs import connector as kv_connector
 from ..knobs import spec as knob_spec
 from ..paths import DATA, portable, resolve
 from ..provenance import atomic_write_json
@@ -82,11 +84,13 @@ def select(only: str | None) -> list[Finding]:
 
 def config_for(f: Finding, overrides: dict | None, base: dict,
                which: str = "vLLM as released") -> ExperimentConfig:
-    """The finding's experiment with ``overrides`` (fields; ``knobs`` merged) over ``base``,
-    labelled for tables and figures (the label is not part of a run's identity, ``key``)."""
+    """The finding's experiment with ``overrides`` (fields; ``knobs`` merged) over ``base``
+    (``knobs`` merged too: the connector), labelled for tables and figures (the label is not
+    part of a run's identity, ``key``)."""
     over = dict(overrides or {})
-    knobs = {**f.experiment.get("knobs", {}), **over.pop("knobs", {})}
-    fields = {**BASE, **base, **{k: v for k, v in f.experiment.items() if k != "knobs"}, **over}
+    knobs = {**base.get("knobs", {}), **f.experiment.get("knobs", {}), **over.pop("knobs", {})}
+    fields = {**BASE, **{k: v for k, v in base.items() if k != "knobs"},
+              **{k: v for k, v in f.experiment.items() if k != "knobs"}, **over}
     profile = fields.pop("profile", "cpu")
     return ExperimentConfig.for_profile(profile, **fields, knobs=knobs,
                                         label=f"{f.id}: {which}")
@@ -113,10 +117,13 @@ def shape(cfg: ExperimentConfig) -> tuple:
 
 def not_applicable(f: Finding, cfgs: dict[str, ExperimentConfig], profile: str,
                    attached: bool, default: ExperimentConfig) -> str | None:
-    """Why ``f`` cannot run here: another profile, or (attach mode) server fields or
-    restart-time knobs the attached servers cannot be given."""
+    """Why ``f`` cannot run here: another profile or KV connector, or (attach mode) server
+    fields or restart-time knobs the attached servers cannot be given."""
     if f.profiles and profile not in f.profiles:
         return f"applies to the {', '.join(f.profiles)} profile only, not {profile}"
+    conn = default.knobs["connector"]
+    if f.connectors and conn not in f.connectors:
+        return f"applies to connector {', '.join(f.connectors)} only, not {conn}"
     if not attached:
         return None
     restart = knob_spec.restart_knobs()
@@ -140,7 +147,11 @@ def plan(findings: list[Finding], base: dict, attached: bool, refused=lambda cfg
     default = ExperimentConfig.for_profile(profile, **fields)  # the servers attach mode has
     uses, skipped, unique = {}, {}, {}
     for f in findings:
-        cfgs = runs_of(f, base)
+        try:
+            cfgs = runs_of(f, base)
+        except ConfigError as e:  # a knob it needs does not act through this connector
+            skipped[f.id] = ("run", str(e))
+            continue
         why = not_applicable(f, cfgs, profile, attached, default)
         refusal = next((r for c in cfgs.values() if (r := refused(c)) is not None), None)
         if why is not None or refusal is not None:
@@ -196,14 +207,34 @@ def judge(f: Finding, results: dict[str, dict | None], expected: str | None, sec
     return Outcome(f.id, verdict, expected, evidence, controls, round(seconds, 1), paths)
 
 
-def expectations(path: Path | None, entry: str) -> tuple[Path, dict]:
+def expectations(path: Path | None, entry: str, connector: str = "nixl"
+                 ) -> tuple[Path, dict]:
     """The expectations file (``--expect``, else the build's table entry's): ``findings``
-    maps id -> verdict, ``optional`` lists the ids whose not-applicable is no difference."""
+    maps id -> verdict, ``optional`` lists the ids whose not-applicable is no difference. A
+    connector other than NIXL pull has its own verdicts under ``connectors``, which replace
+    these (none recorded: every verdict is unexpected)."""
     p = Path(path) if path else EXPECTED / f"expected-{entry}.json"
     if not p.is_file():
         raise ConfigError(f"--expect {p}: no such file; committed: "
                           f"{', '.join(x.name for x in sorted(EXPECTED.glob('expected-*.json')))}")
-    return p, json.loads(p.read_text())
+    doc = json.loads(p.read_text())
+    if connector == knob_spec.KNOBS["connector"].default:
+        return p, doc
+    return p, {"optional": doc.get("optional", []), "findings": {},
+               **(doc.get("connectors") or {}).get(connector, {})}
+
+
+def connector_base(profile: str, connector: str) -> dict:
+    """The check's base: the profile and the KV connector every run uses. A connector the
+    profile's device cannot run is refused here, by name, before any server starts."""
+    if connector not in kv_connector.CONNECTORS:
+        raise ConfigError(f"--connector {connector!r}: no such connector; known: "
+                          f"{', '.join(kv_connector.CONNECTORS)}")
+    try:
+        kv_connector.check({"connector": connector}, profiles.get(profile).device)
+    except ValueError as e:
+        raise ConfigError(f"--connector: {e}") from None
+    return {"profile": profile, "knobs": {"connector": connector}}
 
 
 def run_names(uses: dict[str, dict]) -> dict[str, str]:
@@ -265,9 +296,10 @@ def outcomes(findings, uses, skipped, done: Executed, expected: dict) -> list[Ou
 
 
 def write(out: Path, build: dict, outs: list[Outcome], command: str, expect_file: Path,
-          junit: Path | None, created: str | None = None) -> Path:
+          junit: Path | None, created: str | None = None, connector: str = "nixl") -> Path:
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    doc = {"build": build, "command": command, "expect": portable(expect_file),
+    doc = {"build": build, "connector": connector, "command": command,
+           "expect": portable(expect_file),
            "created": created or now, **({"judged_again": now} if created else {}),
            "ok": all(o.ok for o in outs), "findings": [asdict(o) for o in outs]}
     path = atomic_write_json(out / "check.json", doc, indent=1, sort_keys=False, portable=True)
@@ -331,7 +363,7 @@ def run(only: str | None, out: str | Path, *, expect: str | None = None,
         junit: str | None = None, report: str | None = None, profile: str = "cpu",
         urls: dict[str, str] | None = None, knobs_file: str | None = None,
         state_dir: str | None = None, log_dir: str | None = None,
-        command: str = "python -m workbench check") -> Checked:
+        command: str = "python -m workbench check", connector: str = "nixl") -> Checked:
     """Plan, run and judge the findings ``only`` names (all when None); write check.json, and
     JUnit XML and reports when asked. Bad input raises ConfigError before any server starts."""
     from .. import experiment
@@ -340,13 +372,14 @@ def run(only: str | None, out: str | Path, *, expect: str | None = None,
     from ..serving.server_set import check_vllm_release
 
     findings = select(only)
+    base = connector_base(profile, connector)
     out = rundir.check_out_dir(str(out))
     b = experiment.local_build() if urls else check_vllm_release()
     if b is None:
         raise ConfigError("check --attach needs the vLLM build the servers run installed here "
                           "too: its table entry names the expectations")
-    expect_file, expected = expectations(expect, b.table_entry)
-    order, uses, skipped = plan(findings, {"profile": profile}, bool(urls),
+    expect_file, expected = expectations(expect, b.table_entry, connector)
+    order, uses, skipped = plan(findings, base, bool(urls),
                                 lambda cfg: build.refusal(b, cfg.knobs))
     session = (experiment.Session.attach(urls, knobs_file=knobs_file, state_dir=state_dir)
                if urls else experiment.Session(log_dir))
@@ -355,7 +388,7 @@ def run(only: str | None, out: str | Path, *, expect: str | None = None,
         done = execute(session, order, uses, out, command)
     outs = outcomes(findings, uses, skipped, done, expected)
     write(out, {**b.record(), "expect_verified": expected.get("verified")}, outs, command,
-          expect_file, junit)
+          expect_file, junit, connector=connector)
     reports = []
     if report:
         from .report import write_reports
@@ -387,7 +420,8 @@ def rejudge(out: str | Path, report: str | Path | None = None) -> Checked:
     findings = [FINDINGS[i] for i in old if i in FINDINGS]
     first = next(iter((out / "runs").glob("*/result.json")), None)
     profile = json.loads(first.read_text())["config"]["profile"] if first else "cpu"
-    _, uses, skipped = plan(findings, {"profile": profile}, attached=False)
+    connector = doc.get("connector", knob_spec.KNOBS["connector"].default)
+    _, uses, skipped = plan(findings, connector_base(profile, connector), attached=False)
     done = Executed()
     for k, name in run_names(uses).items():
         path = out / "runs" / name / "result.json"
@@ -395,12 +429,14 @@ def rejudge(out: str | Path, report: str | Path | None = None) -> Checked:
         done.paths[k] = portable(path)
         if not path.is_file():
             done.failed[k] = "no result.json recorded"
-    _, expected = expectations(resolve(doc["expect"]), doc["build"].get("table_entry"))
+    _, expected = expectations(resolve(doc["expect"]), doc["build"].get("table_entry"),
+                               connector)
     outs = outcomes(findings, uses, skipped, done, expected)
     for o in outs:
         o.seconds = old[o.id]["seconds"]
     build = SimpleNamespace(**doc["build"])
-    write(out, doc["build"], outs, doc["command"], resolve(doc["expect"]), None, doc["created"])
+    write(out, doc["build"], outs, doc["command"], resolve(doc["expect"]), None, doc["created"],
+          connector)
     reports = []
     if report:
         from .report import write_reports
@@ -414,7 +450,8 @@ def main(args, command: str, urls: dict[str, str] | None) -> int:
     every verdict is the expected one, 1 when one differs."""
     c = run(args.only, args.out, expect=args.expect, junit=args.junit, report=args.report,
             profile=args.profile, urls=urls, knobs_file=args.knobs_file,
-            state_dir=args.state_dir, log_dir=args.log_dir, command=command)
+            state_dir=args.state_dir, log_dir=args.log_dir, command=command,
+            connector=args.connector)
     print(table(c.outcomes))
     print(f"vLLM {c.build.version} ({c.build.source}, entry {c.build.table_entry}); {c.runs} "
           f"runs in {c.seconds:.0f} s; wrote {c.out / 'check.json'}")

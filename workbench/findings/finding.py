@@ -33,9 +33,10 @@ class Finding:
 
     ``experiment``: ``ExperimentConfig`` fields over the check's base (knobs at their
     as-released values: vLLM untouched). ``positive`` / ``negative`` / each of ``also``:
-    overrides of it (fields, and ``knobs``). ``profiles``: the profiles it applies to (empty:
-    all). ``measured`` / ``inferred``: the statements a report makes, split by how they are
-    known. ``fix``: a patch against the release (``patches/vllm-<release>/<id>.patch``)."""
+    overrides of it (fields, and ``knobs``). ``profiles`` and ``connectors``: the profiles
+    and KV connectors it applies to (empty: all). ``measured`` / ``inferred``: the statements
+    a report makes, split by how they are known. ``fix``: a patch against the release
+    (``patches/vllm-<release>/<id>.patch``)."""
 
     id: str
     title: str
@@ -47,6 +48,7 @@ class Finding:
     negative: dict[str, Any] | None
     also: dict[str, dict[str, Any]] = field(default_factory=dict)
     profiles: tuple[str, ...] = ()
+    connectors: tuple[str, ...] = ()  # the values of knob ``connector`` it applies to (all)
     measured: tuple[str, ...] = ()
     inferred: tuple[str, ...] = ()
     fix: str | None = None

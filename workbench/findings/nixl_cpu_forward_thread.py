@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..knobs import connector
 from .finding import ABSENT, INCONCLUSIVE, PRESENT, Detection, Finding
 
 ROLES = ("p", "d")  # the servers with a NIXL connector
@@ -54,6 +55,7 @@ FINDING = Finding(
     negative={},  # the same run, read after the CPU profile's restore (cpu_pin.restore)
     negative_detect=detect_restored,
     profiles=("cpu",),
+    connectors=connector.with_nixl(),
     reads="each P and D worker's forward-thread affinity (os.sched_getaffinity in the worker)",
     standalone=False,
     measured=("each P and D worker's forward-thread affinity right after vLLM built the "

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..config import ExperimentConfig
 from ..inputs import profiles
+from ..knobs import connector as kv_connector
 from ..knobs import spec as knob_spec
 from ..measuring.results import Result
 from ..paths import REPO, portable
@@ -66,7 +67,8 @@ def plugin_env(cfg: ExperimentConfig) -> dict[str, str]:
 def servers(cfg: ExperimentConfig) -> list[dict]:
     """The servers as ``plan`` makes them, with what differs per machine left as
     placeholders the script fills at start: the models, ports, side-channel ports and cores."""
-    models = {str(cfg.target): "{target}", str(cfg.drafter): "{drafter}"}
+    models = {str(cfg.target): "{target}", str(cfg.drafter): "{drafter}",
+              str(kv_connector.storage_dir("repro-logs")): "{storage}"}
     per_machine = {"VLLM_NIXL_SIDE_CHANNEL_PORT": "{side_channel_port}",
                    "VLLM_CPU_OMP_THREADS_BIND": "{cpus}"}
     out = []
@@ -90,6 +92,7 @@ def command_lines(servers: list[dict], cfg: ExperimentConfig) -> list[str]:
     for each port and core list (``$P_PORT``, ``$D_SIDE_CHANNEL_PORT``, ``$D_CPUS``)."""
     def line(s: dict) -> str:
         values = {"target": portable(cfg.target), "drafter": portable(cfg.drafter),
+                  "storage": kv_connector.STORAGE_DIR,  # P and D started in one folder
                   **{k: f"${s['role'].upper()}_{k.upper()}"
                      for k in ("port", "side_channel_port", "cpus")}}
         env = [f"{k}={_quoted(fill(v, values))}" for k, v in s["env"].items()]
@@ -128,6 +131,7 @@ def standalone(f: Finding, cfg: ExperimentConfig, result: dict) -> str:
             .replace('SERVERS = []', f"SERVERS = {json.dumps(servers(cfg), indent=1)}")
             .replace('PROMPTS = []', f"PROMPTS = {json.dumps(prompts)}")
             .replace('MAX_TOKENS = 0', f"MAX_TOKENS = {cfg.max_tokens}")
+            .replace('FLOW = "params"', f"FLOW = {kv_connector.flow(cfg.knobs)!r}")
             .replace('PLUGIN_ENV = {}', f"PLUGIN_ENV = {json.dumps(plugin_env(cfg))}")
             .replace('PLUGIN_KNOBS = {}', "PLUGIN_KNOBS = "
                      f"{json.dumps({**knob_spec.defaults(), **knobs} if knobs else {})}"))

@@ -93,7 +93,10 @@ CONNECTORS: dict[str, Connector] = {c.name: c for c in (
               measured=False, cpu_refusal=(
         "vllm/v1/kv_offload/cpu/spec.py: CPUOffloadingSpec.get_worker raises \"CPU "
         "Offloading is currently only supported on CUDA-alike and XPU GPUs\"")),
-    Connector("lmcache", ("LMCacheConnectorV1",), nixl=False, measured=False, cpu_refusal=(
+    # LMCache's PD example: P then D with the same prompt; its own PD mode (LMCACHE_CONFIG_FILE
+    # per role) is LMCache's configuration, which the workbench does not write: plan only.
+    Connector("lmcache", ("LMCacheConnectorV1",), flow=SAME_PROMPT, nixl=False,
+              measured=False, cpu_refusal=(
         f"{V1}/lmcache_integration/vllm_v1_adapter.py: the adapter puts its KV on "
         "torch.device(f\"cuda:{device_index}\")"), not_applicable={"transfer": NOT_NIXL}),
 )}
@@ -121,6 +124,11 @@ def flow(knobs: dict[str, str]) -> str:
     return CONNECTORS[knobs.get("connector", spec.KNOBS["connector"].default)].flow
 
 
+def with_nixl() -> tuple[str, ...]:
+    """The connectors that build a NIXL connector worker (alone or under MultiConnector)."""
+    return tuple(n for n, c in CONNECTORS.items() if c.nixl)
+
+
 def runs_on_cpu() -> tuple[str, ...]:
     return tuple(n for n, c in CONNECTORS.items() if not c.cpu_refusal)
 
@@ -141,9 +149,15 @@ def classes_of(conn: Any) -> tuple[str, ...]:
     return (type(conn).__name__, *(type(c).__name__ for c in getattr(conn, "_connectors", [])))
 
 
+# The classes vLLM builds for a name in --kv-transfer-config that is an alias (nixl/connector.py:
+# ``NixlConnector`` is the backward-compatible alias of ``NixlPullConnector``).
+ALIASES = {"NixlConnector": "NixlPullConnector"}
+
+
 def named(classes: tuple[str, ...]) -> str | None:
     """The knob value whose classes these are; None for a connector the table lacks."""
-    return next((n for n, c in CONNECTORS.items() if c.classes == classes), None)
+    return next((n for n, c in CONNECTORS.items()
+                 if tuple(ALIASES.get(x, x) for x in c.classes) == classes), None)
 
 
 def apply(comp, knobs: dict, seed: int) -> tuple[str | None, dict[str, Any]]:
@@ -151,7 +165,8 @@ def apply(comp, knobs: dict, seed: int) -> tuple[str | None, dict[str, Any]]:
     storage, so a run never loads what an earlier run (under other knobs) stored."""
     conn = getattr(comp.obj, "connector", None)
     found = classes_of(conn)
-    ev: dict[str, Any] = {"classes": list(found), "requested_at_start": requested()}
+    ev: dict[str, Any] = {"classes": list(found), "requested_at_start": requested(),
+                          "kv_transfer_config": transfer_config(comp.obj)}
     storage = [getattr(c, "_storage_path", None)
                for c in (conn, *getattr(conn, "_connectors", []))] if conn is not None else []
     for path in filter(None, storage):
@@ -160,6 +175,16 @@ def apply(comp, knobs: dict, seed: int) -> tuple[str | None, dict[str, Any]]:
         ev["note"] = "no KV connector in this server"
         return None, ev
     return named(found) or "+".join(found), ev
+
+
+def transfer_config(scheduler: Any) -> dict[str, Any] | None:
+    """The ``KVTransferConfig`` vLLM parsed from ``--kv-transfer-config`` (its fields the
+    command line sets), as the scheduler's ``vllm_config`` holds it."""
+    cfg = getattr(getattr(scheduler, "vllm_config", None), "kv_transfer_config", None)
+    if cfg is None:
+        return None
+    return {k: getattr(cfg, k, None) for k in ("kv_connector", "kv_role", "kv_buffer_device",
+                                               "kv_connector_extra_config")}
 
 
 def clear_storage(path: Path) -> int:

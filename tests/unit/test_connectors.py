@@ -1,0 +1,145 @@
+"""The knob ``connector`` without servers: its table, the refusals (by name, with the source's
+reason, before any server starts), which knobs act through which connector, the proxy's flow
+per connector, ``check --connector`` planning and the connector x finding table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench.config import ConfigError, ExperimentConfig
+from workbench.findings import FINDINGS, check, connector_table
+from workbench.knobs import connector as kv_connector
+from workbench.knobs import spec
+from workbench.notebook import sweep
+from workbench.serving import proxy
+from workbench.serving.plan import server_specs
+
+
+def test_the_knob_values_are_the_connector_table():
+    assert spec.KNOBS["connector"].values == tuple(kv_connector.CONNECTORS)
+    assert spec.KNOBS["connector"].default == "nixl"
+    assert spec.KNOBS["connector"].restart and spec.KNOBS["connector"].roles == ("p", "d")
+    assert kv_connector.runs_on_cpu() == ("nixl", "nixl-push", "example", "multi")
+
+
+@pytest.mark.parametrize("name", ["mooncake", "offloading", "lmcache"])
+def test_a_connector_the_cpu_cannot_run_is_refused_by_name_with_the_source(name):
+    with pytest.raises(ConfigError) as e:
+        ExperimentConfig(knobs={"connector": name})
+    msg = str(e.value)
+    assert f"connector={name!r} cannot run on the CPU" in msg and ".py: " in msg
+    assert "connectors that run here: nixl, nixl-push, example, multi" in msg
+    ExperimentConfig.for_profile("gpu", knobs={"connector": name})  # a GPU takes it
+
+
+@pytest.mark.parametrize(("knob", "value"), [("block_handoff", "legacy"),
+                                             ("transfer", "host-staged")])
+def test_a_knob_that_cannot_act_through_the_connector_is_refused(knob, value):
+    with pytest.raises(ConfigError, match=f"knob {knob}='{value}' does not act through "
+                                          "connector='example'"):
+        ExperimentConfig(knobs={"connector": "example", knob: value})
+    ExperimentConfig(knobs={"connector": "nixl-push", knob: value})  # NIXL: it acts
+
+
+@pytest.mark.parametrize("name", kv_connector.runs_on_cpu())
+def test_each_connector_s_servers(name, tmp_path):
+    cfg = ExperimentConfig(knobs={"connector": name})
+    specs = {s.role: s for s in server_specs(cfg, tmp_path)}
+    conn = kv_connector.get(name)
+    for role in ("p", "d"):
+        cmd = specs[role].command()
+        kv = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
+        assert kv["kv_connector"] == conn.classes[0]
+        assert (specs[role].side_channel_port is not None) == conn.nixl
+        assert specs[role].env()[spec.ENV_CONNECTOR] == name
+    assert "--kv-transfer-config" not in specs["baseline"].command()
+
+
+def test_the_proxy_drives_each_flow_as_vllms_examples_do():
+    body = {"prompt": [1, 2, 3], "max_tokens": 8}
+    p = proxy.prefill_request(body)
+    assert p["max_tokens"] == 1 and p["kv_transfer_params"]["do_remote_decode"]
+    with pytest.raises(RuntimeError, match="no kv_transfer_params"):
+        proxy.decode_request(body, {})
+    assert proxy.decode_request(body, {"kv_transfer_params": {"x": 1}})[
+        "kv_transfer_params"] == {"x": 1}
+    same = kv_connector.SAME_PROMPT
+    assert "kv_transfer_params" not in proxy.prefill_request(body, same)
+    assert proxy.decode_request(body, {}, same) == body
+
+
+def test_the_built_classes_read_back_as_the_knob_value():
+    assert kv_connector.named(("NixlPullConnector",)) == "nixl"
+    assert kv_connector.named(("NixlPushConnector",)) == "nixl-push"
+    assert kv_connector.named(("MultiConnector", "NixlPullConnector", "ExampleConnector")) == (
+        "multi")
+    assert kv_connector.named(("SomethingElse",)) is None
+
+
+def test_check_plans_per_connector_and_says_why_a_finding_does_not_apply():
+    _, uses, skipped = check.plan(check.select(None), check.connector_base("cpu", "example"),
+                                  attached=False)
+    assert set(uses) == {"padded-load-step", "chunked-prefill-drafter-kv"}
+    assert skipped["nixl-cpu-forward-thread"][1].startswith("applies to connector nixl, ")
+    assert "does not act through connector='example'" in skipped["unclipped-handoff"][1]
+    order, uses, skipped = check.plan(check.select(None),
+                                      check.connector_base("cpu", "nixl-push"), False)
+    assert not skipped and set(uses) == set(FINDINGS)
+    assert all(cfg.knobs["connector"] == "nixl-push" for _, cfg in order)
+
+
+@pytest.mark.parametrize(("name", "why"), [("mooncake", "cannot run on the CPU"),
+                                           ("bogus", "no such connector; known: nixl, ")])
+def test_check_refuses_a_connector_before_any_server_starts(name, why):
+    with pytest.raises(ConfigError, match=why):
+        check.connector_base("cpu", name)
+
+
+def test_expectations_per_connector(tmp_path):
+    f = tmp_path / "e.json"
+    f.write_text(json.dumps({"findings": {"a": "present"}, "optional": ["b"],
+                             "connectors": {"example": {"findings": {"a": "absent"}}}}))
+    assert check.expectations(f, "x")[1]["findings"] == {"a": "present"}
+    assert check.expectations(f, "x", "example")[1]["findings"] == {"a": "absent"}
+    assert check.expectations(f, "x", "multi")[1]["findings"] == {}  # none recorded
+
+
+def _doc(connector: str, verdicts: dict[str, str]) -> dict:
+    return {"connector": connector, "command": f"python -m workbench check --connector "
+            f"{connector}", "created": "2026-12-03T00:00:00+00:00", "build": {"version": "0.32.0"},
+            "ok": True, "findings": [
+                {"id": i, "verdict": v, "expected": v, "seconds": 1.0,
+                 "evidence": {"why": "it needs NIXL"} if v == "not-applicable" else {}}
+                for i, v in verdicts.items()]}
+
+
+def test_the_connector_table_shows_every_finding_and_why_not_and_rewrites_its_block(tmp_path):
+    for c, v in (("nixl", "present"), ("example", "not-applicable")):
+        (tmp_path / c).mkdir()
+        (tmp_path / c / "check.json").write_text(json.dumps(
+            _doc(c, {"padded-load-step": v})))
+    docs = connector_table.load([tmp_path / "nixl", tmp_path / "example"])
+    table = connector_table.markdown(docs)
+    assert table.splitlines()[0] == "| finding | `nixl` | `example` |"
+    assert "| `padded-load-step` | **present** | n/a |" in table
+    assert "| `stale-last-block` | not run | not run |" in table
+    assert "- `padded-load-step`: it needs NIXL" in table
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n\ntext\n")
+    connector_table.write_into(page, "T1")
+    connector_table.write_into(page, "T2")
+    text = page.read_text()
+    assert text.count(connector_table.BEGIN) == 1 and "T2" in text and "T1" not in text
+    assert text.startswith("# Title\n\ntext\n")
+
+
+def test_a_point_recorded_before_a_knob_existed_reads_it_at_its_default():
+    new = {k: v for k, v in spec.defaults().items()}
+    old = {k: v for k, v in new.items() if k != "connector"}
+    rec = {"config": {"knobs": old}, "vllm_version": "0.32.0", "models": {}}
+    assert sweep.differences(rec, {"config": {"knobs": new}, "vllm_version": "0.32.0",
+                                   "models": {"target": {}, "drafter": {}}}) == [
+        "model files of the target: None -> {}", "model files of the drafter: None -> {}"]
+    assert sweep.with_new_knobs(rec)["config"]["knobs"] == new
