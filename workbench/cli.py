@@ -252,7 +252,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"[sweep] {pt.name}: {status}", flush=True)
 
     table = sweep.run_sweep(points, out, base, use_papermill=not args.in_process,
-                            resume=not args.restart, on_point=on_point)
+                            resume=not args.restart, on_point=on_point,
+                            keep_going=args.keep_going)
     shown = {"label": "label", "token_agreement": "token_agreement",
              "baseline_acceptance_length": "baseline_acceptance_length",
              "pd_acceptance_length": "pd_acceptance_length", "pd_pos0": "pd_pos0",
@@ -266,7 +267,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               "padded-load-step) set aside in the requests that have it; raw verdicts in "
               "results.csv (effect_pos*_verdict)")
     print(f"wrote {out / 'results.csv'} and {out / 'figures'}/")
-    return 0
+    for slug, why in table.attrs.get("failed", {}).items():
+        print(f"[sweep] {slug} failed (its partial result.json is kept, no row): {why}")
+    return 1 if table.attrs.get("failed") else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -502,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
                     f"{SWEEP_NUM_PROMPTS} prompts a point unless --prompts")
     sw.add_argument("--out", default=str(Path("data") / "results"), help="output directory")
     sw.add_argument("--restart", action="store_true", help="rerun points already complete")
+    sw.add_argument("--keep-going", action="store_true",
+                    help="a point that fails (a server dies) does not stop the sweep: the next "
+                    "point restarts what died; exit 1 at the end, naming each failed point")
     sw.add_argument("--in-process", action="store_true",
                     help="run points in this process instead of one notebook each")
     sw.set_defaults(func=cmd_sweep)

@@ -81,12 +81,14 @@ def test_the_built_classes_read_back_as_the_knob_value():
 def test_check_plans_per_connector_and_says_why_a_finding_does_not_apply():
     _, uses, skipped = check.plan(check.select(None), check.connector_base("cpu", "example"),
                                   attached=False)
-    assert set(uses) == {"padded-load-step", "chunked-prefill-drafter-kv"}
+    assert set(uses) == {"padded-load-step", "chunked-prefill-drafter-kv",
+                         "example-chunked-store"}
     assert skipped["nixl-cpu-forward-thread"][1].startswith("applies to connector nixl, ")
     assert "does not act through connector='example'" in skipped["unclipped-handoff"][1]
     order, uses, skipped = check.plan(check.select(None),
                                       check.connector_base("cpu", "nixl-push"), False)
-    assert not skipped and set(uses) == set(FINDINGS)
+    assert set(skipped) == {"example-chunked-store"}
+    assert set(uses) == set(FINDINGS) - set(skipped)
     assert all(cfg.knobs["connector"] == "nixl-push" for _, cfg in order)
 
 
@@ -125,7 +127,7 @@ def test_the_connector_table_shows_every_finding_and_why_not_and_rewrites_its_bl
     assert table.splitlines()[0] == "| finding | `nixl` | `example` |"
     assert "| `padded-load-step` | **present** | n/a |" in table
     assert "| `stale-last-block` | not run | not run |" in table
-    assert "- `padded-load-step`: it needs NIXL" in table
+    assert "- `padded-load-step` on `example`: it needs NIXL" in table
     page = tmp_path / "page.md"
     page.write_text("# Title\n\ntext\n")
     connector_table.write_into(page, "T1")
@@ -143,3 +145,27 @@ def test_a_point_recorded_before_a_knob_existed_reads_it_at_its_default():
                                    "models": {"target": {}, "drafter": {}}}) == [
         "model files of the target: None -> {}", "model files of the drafter: None -> {}"]
     assert sweep.with_new_knobs(rec)["config"]["knobs"] == new
+
+
+# --- finding example-chunked-store: the detector on rows shaped as the KV probe writes them --
+def test_never_computed_is_the_stored_tail_past_the_first_chunk():
+    from workbench.findings.example_chunked_store import never_computed
+
+    assert never_computed([96, 47], 143, 32, 1) == set(range(96, 128))  # 128 stored, 96 done
+    assert never_computed([143], 143, 32, 1) == set()  # not chunked
+    assert never_computed([96, 25], 121, 32, 1) == set()  # 96 stored, all computed
+    assert never_computed([96, 33], 129, 32, 1) == set()  # D's lookup names another folder
+    assert never_computed([64, 79], 143, 32, 1) == set()  # 96 slots < 128 stored: D fails
+
+
+def test_example_chunked_store_detector():
+    from test_host_buffer_chunk_boundary import result, row
+
+    from workbench.findings.example_chunked_store import detect
+    from workbench.findings.finding import ABSENT, INCONCLUSIVE, PRESENT
+
+    window = set(range(96, 128))
+    assert detect(result(row([96, 47], 143, window), row([68], 68, None)))[0] == PRESENT
+    assert detect(result(row([96, 47], 143, window | {3})))[0] == INCONCLUSIVE
+    assert detect(result(row([96, 47], 143, None)))[0] == ABSENT  # a fixed connector
+    assert detect(result(row([68], 68, None)))[0] == INCONCLUSIVE  # nothing chunked

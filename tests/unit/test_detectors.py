@@ -30,7 +30,13 @@ from workbench.findings.finding import (
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "findings"
 CHECKS = {"release": DATA / "host-buffer-chunk-boundary" / "check-release",
-          "devbuild": DATA / "host-buffer-chunk-boundary" / "check-devbuild"}
+          "devbuild": DATA / "host-buffer-chunk-boundary" / "check-devbuild",
+          "example": ROOT / "data" / "connectors" / "check-example"}
+NIXL_CHECKS = ("release", "devbuild")  # on the default connector, NIXL pull
+# The committed check whose runs stand for each finding's controls: the dev build's, or, for
+# a finding of another connector, that connector's check.
+HOME = {f.id: f.connectors[0] if f.connectors and "nixl" not in f.connectors
+        else "devbuild" for f in FINDINGS.values()}
 CHUNKED, HOST = "chunked-prefill-drafter-kv", "host-buffer-chunk-boundary"
 # In the committed records, no longer a finding (the client's own prompt building).
 GONE = {"double-bos": "double-bos is no longer a finding: it is the client's own prompt "
@@ -92,6 +98,8 @@ def recorded(e: dict, which: str) -> tuple[str | None, dict]:
 def committed_runs():
     for name in CHECKS:
         for e in check_doc(name)["findings"]:
+            if e["verdict"] == "not-applicable":  # no run: why it does not apply, only
+                continue
             for which in ("main", *e["controls"], *(e["evidence"].get("also") or {})):
                 marks = [pytest.mark.skip(reason=GONE[e["id"]])] if e["id"] in GONE else []
                 yield pytest.param(name, e["id"], which, id=f"{name}:{e['id']}:{which}",
@@ -100,13 +108,17 @@ def committed_runs():
 
 def test_the_committed_checks_cover_every_finding_and_only_what_was_one():
     dev = {e["id"] for e in check_doc("devbuild")["findings"]}
-    assert set(FINDINGS) <= dev, "every detector is tested on the dev build's record"
+    assert {f for f, home in HOME.items() if home == "devbuild"} <= dev, (
+        "every NIXL detector is tested on the dev build's record")
+    for fid, home in HOME.items():  # another connector's finding: on its connector's check
+        assert any(e["id"] == fid and e["verdict"] != "not-applicable"
+                   for e in check_doc(home)["findings"]), fid
     assert dev - set(FINDINGS) <= set(GONE)  # older records still hold double-bos
     for name in CHECKS:
         doc = check_doc(name)
         assert doc["ok"] is True, name  # every verdict as expected, every control ok
         for e in doc["findings"]:
-            if e["id"] in FINDINGS:  # the record's runs are the finding's runs today
+            if e["id"] in FINDINGS and e["verdict"] != "not-applicable":  # runs as today
                 f = FINDINGS[e["id"]]
                 assert set(e["controls"]) == set(check.CONTROLS), (name, f.id)
                 assert set(e["evidence"].get("also") or {}) == set(f.also), (name, f.id)
@@ -133,7 +145,7 @@ def test_the_detector_gives_the_recorded_verdict_on_the_committed_run(name, fid,
     assert {k: evidence[k] for k in common} == {k: was[k] for k in common}
 
 
-@pytest.mark.parametrize("name", list(CHECKS))
+@pytest.mark.parametrize("name", NIXL_CHECKS)
 def test_the_chunked_detectors_read_the_measured_chunks_of_the_committed_runs(name):
     """The check runs chunk every request on P (64 tokens a step); the detectors now take
     chunk ends from ``kv_probe.prefill_chunks["p"]`` and still reach the recorded verdicts."""
@@ -154,7 +166,7 @@ def test_the_chunked_detectors_read_the_measured_chunks_of_the_committed_runs(na
 def test_replaying_a_committed_check_gives_its_verdicts_with_todays_control_statuses():
     for name in CHECKS:
         for e in check_doc(name)["findings"]:
-            if e["id"] in GONE:
+            if e["id"] in GONE or e["verdict"] == "not-applicable":
                 continue
             f = FINDINGS[e["id"]]
             whiches = ["main", *(w for w in check.CONTROLS if not own_run(f, w)), *f.also]
@@ -260,7 +272,8 @@ def _target_differs_too(key):
 
 
 def _one_layer_right(r):  # one layer of one request equal to P's: not every layer lost
-    pos = r["requests"][0]["kv_probe"]["vs_p"]["positions_differing"]
+    pos = next(q["kv_probe"]["vs_p"]["positions_differing"] for q in r["requests"]
+               if q["kv_probe"]["vs_p"]["positions_differing"])
     pos.pop(next(iter(pos)))
 
 
@@ -272,6 +285,7 @@ CRAFTED = {  # finding -> (committed check, which, alteration); the run is `pres
     "chunked-prefill-drafter-kv": ("release", "main", _target_differs_too("vs_baseline")),
     "eager-finalize-host-staged": ("devbuild", "positive", _target_differs_too("vs_p")),
     "host-buffer-chunk-boundary": ("release", "main", _one_layer_right),
+    "example-chunked-store": ("example", "main", _one_layer_right),
 }
 
 
@@ -304,7 +318,7 @@ def records_of(fid: str) -> dict[str, dict]:
     """The committed runs of ``fid`` by which (main and the controls that are runs of their
     own), the dev build's check."""
     f = FINDINGS[fid]
-    return {w: result("devbuild", fid, w)
+    return {w: result(HOME[fid], fid, w)
             for w in ("main", *(w for w in check.CONTROLS if not own_run(f, w)))}
 
 
@@ -314,7 +328,7 @@ CONTROLLED = [(f.id, w) for f in FINDINGS.values() for w in check.CONTROLS
 
 @pytest.mark.parametrize(("fid", "which"), CONTROLLED)
 def test_a_failed_control_run_makes_the_verdict_inconclusive_not_broken(fid, which):
-    f, e = FINDINGS[fid], entry("devbuild", fid)
+    f, e = FINDINGS[fid], entry(HOME[fid], fid)
     runs = {**records_of(fid), which: None}
     o = check.judge(f, runs, e["expected"], 1.0, [], {which: "ServerError: D exited (rc -9)"})
     assert o.verdict == INCONCLUSIVE and not o.ok
@@ -363,7 +377,7 @@ def test_a_control_that_ran_and_said_the_wrong_thing_is_detector_broken(fid, whi
     wrong = [r for r in (*records_of(fid).values(), crafted(fid)) if detect(r)[0] != want]
     assert wrong and any(detect(r)[0] == INCONCLUSIVE for r in wrong)
     for r in wrong:
-        o = check.judge(f, {**records_of(fid), which: r}, entry("devbuild", fid)["expected"],
+        o = check.judge(f, {**records_of(fid), which: r}, entry(HOME[fid], fid)["expected"],
                         1.0, [])
         assert o.verdict == BROKEN and not o.ok
         c = o.controls[which]
@@ -382,6 +396,7 @@ OWN = [(f.id, w) for f in FINDINGS.values() for w in check.CONTROLS if own_run(f
 
 def test_the_own_run_findings_are_the_expected_ones():
     assert sorted(OWN) == [("chunked-prefill-drafter-kv", "positive"),
+                           ("example-chunked-store", "positive"),
                            ("host-buffer-chunk-boundary", "positive"),
                            ("nixl-cpu-forward-thread", "positive"),
                            ("padded-load-step", "positive")]

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from workbench.config import ConfigError, ExperimentConfig
@@ -81,7 +82,7 @@ def test_a_point_of_the_same_config_is_kept(pair, tmp_path, monkeypatch):
     base = ExperimentConfig(target=pair[0], drafter=pair[1], num_prompts=16,
                             knobs={"finalize": "eager", "transfer": "direct", "blocks": "dirty"})
     seen = []
-    monkeypatch.setattr(sweep, "aggregate", lambda out, slugs: None)  # no figures here
+    monkeypatch.setattr(sweep, "aggregate", lambda out, slugs: pd.DataFrame())  # no figures
     sweep.run_sweep([sweep.Point("fixed", "indomain", {"block_handoff": "legacy"})], out, base,
                     use_papermill=False, session=_NoRuns(), on_point=lambda pt, s: seen.append(s))
     assert seen == ["skipped (complete)"]
@@ -165,3 +166,39 @@ def test_a_second_sweep_on_one_out_is_refused(tmp_path, tiny_pair, monkeypatch):
             pytest.raises(rundir.RunDirError, match="the first sweep"):
         sweep.run_sweep("smoke", out, base)
     assert not (out / "logs").exists()  # refused before its Session (and servers)
+
+
+class FlakySession:
+    """Runs each point in this process: the point named ``dies`` fails as a dead server does."""
+
+    startup_seconds: dict = {}
+
+    def __init__(self):
+        self.ran = []
+
+    def run(self, cfg, out_dir):
+        self.ran.append(cfg.label)
+        if cfg.label == "dies":
+            raise RuntimeError("the d server died during the run\nmore lines")
+        _result(True).save(out_dir)
+
+
+@pytest.mark.parametrize("keep_going", [False, True])
+def test_keep_going_runs_the_points_after_a_failed_one_and_names_it(tmp_path, tiny_pair,
+                                                                    monkeypatch, keep_going):
+    monkeypatch.setattr(sweep, "aggregate", lambda out, slugs: pd.DataFrame())
+    base = ExperimentConfig(target=tiny_pair[0], drafter=tiny_pair[1])
+    points = [sweep.Point("dies", "random"), sweep.Point("after", "random")]
+    session = FlakySession()
+    if not keep_going:
+        with pytest.raises(RuntimeError, match="died"):
+            sweep.run_sweep(points, tmp_path / "out", base, use_papermill=False,
+                            session=session)
+        assert session.ran == ["dies"]
+        return
+    table = sweep.run_sweep(points, tmp_path / "out", base, use_papermill=False,
+                            session=session, keep_going=True)
+    assert session.ran == ["dies", "after"]
+    assert table.attrs["failed"] == {"dies": "RuntimeError: the d server died during the run"}
+    timing = json.loads((tmp_path / "out" / "sweep-timing.json").read_text())
+    assert timing["failed"] == table.attrs["failed"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from . import (
     chunked_prefill_drafter_kv,
     eager_finalize_host_staged,
+    example_chunked_store,
     host_buffer_chunk_boundary,
     nixl_cpu_forward_thread,
     padded_load_step,
@@ -31,4 +32,5 @@ FINDINGS: dict[str, Finding] = {f.id: f for f in (
     chunked_prefill_drafter_kv.FINDING,
     eager_finalize_host_staged.FINDING,
     host_buffer_chunk_boundary.FINDING,
+    example_chunked_store.FINDING,
 )}

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..paths import REPO, portable
 from ..provenance import atomic_write_text
 from . import FINDINGS
-from .finding import NOT_APPLICABLE
+from .finding import INCONCLUSIVE, NOT_APPLICABLE
 
 BEGIN, END = "<!-- check-connectors: begin -->", "<!-- check-connectors: end -->"
 
@@ -29,6 +29,10 @@ def load(dirs: list[Path]) -> dict[str, dict]:
         doc = json.loads((Path(d) / "check.json").read_text())
         docs[doc.get("connector", "nixl")] = {**doc, "dir": portable(Path(d))}
     return docs
+
+
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
 
 
 def cell(f: dict) -> str:
@@ -48,11 +52,12 @@ def markdown(docs: dict[str, dict]) -> str:
     for fid in FINDINGS:
         lines.append(f"| `{fid}` | " + " | ".join(
             cell(by[c][fid]) if fid in by[c] else "not run" for c in names) + " |")
-    why = sorted({(fid, by[c][fid]["evidence"].get("why", "")) for c in names
-                  for fid in by[c] if by[c][fid]["verdict"] == NOT_APPLICABLE})
+    why = sorted({(fid, c, first_line(by[c][fid]["evidence"].get("why", "")))
+                  for c in names for fid in by[c]
+                  if by[c][fid]["verdict"] in (NOT_APPLICABLE, INCONCLUSIVE)})
     if why:
-        lines += ["", "Not applicable:", ""]
-        lines += [f"- `{fid}`: {w}" for fid, w in why]
+        lines += ["", "Not applicable or inconclusive, and why:", ""]
+        lines += [f"- `{fid}` on `{c}`: {w}" for fid, c, w in why]
     lines += ["", "Run by:", ""]
     for c, d in docs.items():
         build, secs = d["build"], sum(f["seconds"] for f in d["findings"])

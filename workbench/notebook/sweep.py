@@ -277,26 +277,29 @@ def run_sweep(
     resume: bool = True,
     on_point: Callable[[Point, str], None] | None = None,
     session: Session | None = None,
+    keep_going: bool = False,
 ) -> pd.DataFrame:
     """Run every point not yet complete, then aggregate everything under ``out``.
 
     A point is kept only when its complete run had this very config, vLLM and model files
     (``is_complete``). ``out`` is private and locked for the sweep. With ``session`` the sweep
     runs on servers someone else owns (a notebook's, a test's) and leaves them running;
-    otherwise it starts its own and stops them at the end."""
+    otherwise it starts its own and stops them at the end. ``keep_going``: a point that fails
+    (a server dies) keeps its partial result.json, the next point restarts what died, and the
+    table's ``attrs["failed"]`` names each failed point and why."""
     points = grid_points(grid) if isinstance(grid, str) else list(grid)
     check_slugs(points)
     out = rundir.private_dir(out).resolve()  # each point's notebook runs with cwd notebooks/
     lock = rundir.DirLock(out, "a sweep")  # one sweep per --out: they would share servers' files
     try:
-        return _sweep(points, out, base, use_papermill, resume, on_point, session)
+        return _sweep(points, out, base, use_papermill, resume, on_point, session, keep_going)
     finally:
         lock.release()
 
 
 def _sweep(points: list[Point], out: Path, base: ExperimentConfig, use_papermill: bool,
            resume: bool, on_point: Callable[[Point, str], None] | None,
-           session: Session | None) -> pd.DataFrame:
+           session: Session | None, keep_going: bool = False) -> pd.DataFrame:
     from ..experiment import Session
 
     (out / "points").mkdir(exist_ok=True)
@@ -308,7 +311,8 @@ def _sweep(points: list[Point], out: Path, base: ExperimentConfig, use_papermill
             if not (resume and is_complete(out / "points" / pt.slug, records[pt.slug]))]
     # Where the wall time goes: server starts, and each point's run (its notebook included).
     timing = {"started": time.time(), "points_run": len(todo),
-              "points_skipped": len(points) - len(todo), "start_seconds": [], "points": {}}
+              "points_skipped": len(points) - len(todo), "start_seconds": [], "points": {},
+              "failed": {}}
     owned = session is None
     if owned:
         session = Session(out / "logs", baseline_cache=out / "baseline-cache")
@@ -329,14 +333,29 @@ def _sweep(points: list[Point], out: Path, base: ExperimentConfig, use_papermill
             point_dir = out / "points" / pt.slug
             (point_dir / POINT_RECORD).unlink(missing_ok=True)
             more = pt is not todo[-1]
-            _run_one(session, configs[pt.slug], out, pt.slug, starter, more, timing)
+            try:
+                _run_one(session, configs[pt.slug], out, pt.slug, starter, more, timing)
+            except Exception as e:
+                if not keep_going:
+                    raise
+                timing["failed"][pt.slug] = failure(e)
+                if on_point:
+                    on_point(pt, f"failed: {timing['failed'][pt.slug]}")
             if (_read(point_dir / "result.json") or {}).get("complete"):
                 atomic_write_json(point_dir / POINT_RECORD, records[pt.slug], indent=2,
                                   portable=True)
         timing["startup_seconds"] = dict(session.startup_seconds)  # stop() clears them
     timing["wall_seconds"] = time.time() - timing["started"]
     atomic_write_json(out / "sweep-timing.json", timing, indent=2, sort_keys=False, portable=True)
-    return aggregate(out, [pt.slug for pt in points])
+    table = aggregate(out, [pt.slug for pt in points])
+    table.attrs["failed"] = timing["failed"]
+    return table
+
+
+def failure(e: BaseException) -> str:
+    """A failed point's why in one line: the run's own error where papermill wraps it."""
+    text = getattr(e, "evalue", None) or str(e)
+    return f"{getattr(e, 'ename', type(e).__name__)}: {text.splitlines()[0] if text else ''}"
 
 
 def _prebuild(cfgs: list[ExperimentConfig]) -> None:
