@@ -88,7 +88,8 @@ connectors: setup
 CHECK_CONNECTORS ?= nixl nixl-push example multi
 check-connectors: setup
 	set -e; for c in $(CHECK_CONNECTORS); do \
-	  $(PY) -m workbench check --connector $$c --out data/connectors/check-$$c || test $$? -eq 1; \
+	  $(PY) -m workbench check --connector $$c --out data/connectors/check-$$c \
+	    --log-dir data/connectors/check-$$c/logs || test $$? -eq 1; \
 	done
 	$(PY) -m workbench.findings.connector_table $(addprefix data/connectors/check-,$(CHECK_CONNECTORS))
 

@@ -94,5 +94,7 @@ def alive(pids: set[int]) -> set[int]:
 
 def pytest_collection_modifyitems(config, items):
     """Tests that need the shared servers restarted (restart-time knobs) run last, so the
-    servers restart once rather than back and forth."""
-    items.sort(key=lambda item: item.get_closest_marker("restart") is not None)
+    servers restart once rather than back and forth; those that change the KV connector
+    last of all, so no test restarts P and D back to NIXL after them."""
+    items.sort(key=lambda item: (item.get_closest_marker("restart") is not None,
+                                 item.get_closest_marker("connector") is not None))

@@ -43,7 +43,8 @@ def parsed(profile: str, name: str) -> dict:
     return out
 
 
-@pytest.mark.parametrize("name", list(kv_connector.CONNECTORS))
+@pytest.mark.parametrize("name", [n for n, c in kv_connector.CONNECTORS.items()
+                                  if not c.unsupported])
 def test_every_connector_plans_what_vllms_parser_and_registry_take_no_gpu(name):
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
@@ -90,6 +91,10 @@ def test_the_cpu_refusals_still_hold_in_the_installed_source():
     boot = (VLLM / "distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py"
             ).read_text()
     assert 'MooncakeBootstrapServer("0.0.0.0"' in boot.replace("'", '"')
+    finished = source_of(
+        "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector",
+        "MooncakeConnectorScheduler.request_finished")
+    assert "return delay_free_blocks, None" in finished  # P hands D no kv_transfer_params
     offload = source_of("vllm.v1.kv_offload.cpu.spec", "CPUOffloadingSpec.get_worker")
     assert "if not (current_platform.is_cuda_alike() or current_platform.is_xpu()):" in offload
     assert '"CPU Offloading is currently only supported on CUDA-alike "' in offload

@@ -2,8 +2,8 @@
 parity with the baseline (tokens, per-request counts, the KV probe) through NIXL push,
 ExampleConnector's shared storage and MultiConnector, and which servers a change restarts.
 
-The knob ``connector`` is restart-time: these tests run last (``restart``) and restart P and
-D once per connector; the baseline keeps running.
+The knob ``connector`` is restart-time: these tests run last of all (``restart``,
+``connector``) and restart P and D once per connector; the baseline keeps running.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from conftest import alive, tree_pids
 
 from workbench.knobs import connector as kv_connector
 
-pytestmark = [pytest.mark.vllm, pytest.mark.restart]
+pytestmark = [pytest.mark.vllm, pytest.mark.restart, pytest.mark.connector]
 
 LIVE = ("nixl-push", "example", "multi")
 

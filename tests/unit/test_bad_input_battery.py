@@ -145,7 +145,7 @@ CASES = [
     ("connector-unknown", lambda c: [*R, str(c.tmp / "o"), *c.pair(), "--knob",
                                      "connector=push"], "'push'"),
     ("connector-gpu-only", lambda c: [*R, str(c.tmp / "o"), *c.pair(), "--knob",
-                                      "connector=mooncake"], "connector='mooncake' cannot run"),
+                                      "connector=offloading"], "connector='offloading' cannot run"),
     ("connector-knob-n/a", lambda c: [*R, str(c.tmp / "o"), *c.pair(), "--knob",
                                       "connector=example", "--knob", "block_handoff=legacy"],
      "does not act through connector='example'"),

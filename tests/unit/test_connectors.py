@@ -24,7 +24,7 @@ def test_the_knob_values_are_the_connector_table():
     assert kv_connector.runs_on_cpu() == ("nixl", "nixl-push", "example", "multi")
 
 
-@pytest.mark.parametrize("name", ["mooncake", "offloading", "lmcache"])
+@pytest.mark.parametrize("name", ["offloading", "lmcache"])
 def test_a_connector_the_cpu_cannot_run_is_refused_by_name_with_the_source(name):
     with pytest.raises(ConfigError) as e:
         ExperimentConfig(knobs={"connector": name})
@@ -32,6 +32,13 @@ def test_a_connector_the_cpu_cannot_run_is_refused_by_name_with_the_source(name)
     assert f"connector={name!r} cannot run on the CPU" in msg and ".py: " in msg
     assert "connectors that run here: nixl, nixl-push, example, multi" in msg
     ExperimentConfig.for_profile("gpu", knobs={"connector": name})  # a GPU takes it
+
+
+def test_mooncake_is_refused_everywhere_naming_the_flow_it_lacks():
+    for profile in ("cpu", "gpu"):
+        with pytest.raises(ConfigError, match="connector='mooncake' is not supported by the "
+                                              "workbench: its proxy flow is not built"):
+            ExperimentConfig.for_profile(profile, knobs={"connector": "mooncake"})
 
 
 @pytest.mark.parametrize(("knob", "value"), [("block_handoff", "legacy"),
@@ -92,7 +99,8 @@ def test_check_plans_per_connector_and_says_why_a_finding_does_not_apply():
     assert all(cfg.knobs["connector"] == "nixl-push" for _, cfg in order)
 
 
-@pytest.mark.parametrize(("name", "why"), [("mooncake", "cannot run on the CPU"),
+@pytest.mark.parametrize(("name", "why"), [("offloading", "cannot run on the CPU"),
+                                           ("mooncake", "not supported by the workbench"),
                                            ("bogus", "no such connector; known: nixl, ")])
 def test_check_refuses_a_connector_before_any_server_starts(name, why):
     with pytest.raises(ConfigError, match=why):

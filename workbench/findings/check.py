@@ -425,10 +425,12 @@ def rejudge(out: str | Path, report: str | Path | None = None) -> Checked:
     done = Executed()
     for k, name in run_names(uses).items():
         path = out / "runs" / name / "result.json"
-        done.results[k] = json.loads(path.read_text()) if path.is_file() else None
+        res = json.loads(path.read_text()) if path.is_file() else None
         done.paths[k] = portable(path)
-        if not path.is_file():
-            done.failed[k] = "no result.json recorded"
+        if res is None or not res.get("complete", True):  # a failed run keeps a partial one
+            done.failed[k] = (res or {}).get("error") or "no result.json recorded"
+            res = None
+        done.results[k] = res
     _, expected = expectations(resolve(doc["expect"]), doc["build"].get("table_entry"),
                                connector)
     outs = outcomes(findings, uses, skipped, done, expected)

@@ -36,16 +36,17 @@ EXAMPLE_HANDOFF = ("ExampleConnector hands no block ids over: it stores in "
 @dataclass(frozen=True)
 class Connector:
     """One value of the knob: the vLLM classes it builds (outer first), how the proxy drives
-    it, why it cannot run on a CPU (``""``: it runs), and the knobs that cannot act through it
-    (knob -> why, from vLLM's source)."""
+    it, why it cannot run on a CPU (``""``: it runs), why the workbench cannot drive it on
+    any device (``""``: it can), and the knobs that cannot act through it (knob -> why, from
+    vLLM's source)."""
 
     name: str
     classes: tuple[str, ...]
     flow: str = PARAMS
     nixl: bool = True  # NIXL's side channel: a port per server, UCX kept on loopback
     cpu_refusal: str = ""
+    unsupported: str = ""
     not_applicable: dict[str, str] = field(default_factory=dict)
-    measured: bool = True  # False: command lines only (GPU-only), never run by the workbench
 
     def kv_config(self, kv_role: str, kv_buffer_device: str | None,
                   storage: str | Path) -> dict[str, Any]:
@@ -87,16 +88,18 @@ CONNECTORS: dict[str, Connector] = {c.name: c for c in (
         f"{V1}/mooncake/mooncake_connector.py: MooncakeConnectorWorker.__init__ calls "
         "torch.accelerator.current_device_index(), which the CPU has no accelerator for, and "
         "its bootstrap server binds every interface (MooncakeBootstrapServer(\"0.0.0.0\", "
-        "port)), which the workbench's servers on 127.0.0.1 must not"),
+        "port)), which the workbench's servers on 127.0.0.1 must not"), unsupported=(
+        "its proxy flow is not built: the router assigns a transfer_id to both legs and gives "
+        "D P's remote_bootstrap_addr and remote_engine_id, since P returns no "
+        "kv_transfer_params (MooncakeConnectorScheduler.request_finished returns None)"),
         not_applicable={"transfer": NOT_NIXL}),
     Connector("offloading", ("MultiConnector", "NixlConnector", "OffloadingConnector"),
-              measured=False, cpu_refusal=(
+              cpu_refusal=(
         "vllm/v1/kv_offload/cpu/spec.py: CPUOffloadingSpec.get_worker raises \"CPU "
         "Offloading is currently only supported on CUDA-alike and XPU GPUs\"")),
     # LMCache's PD example: P then D with the same prompt; its own PD mode (LMCACHE_CONFIG_FILE
     # per role) is LMCache's configuration, which the workbench does not write: plan only.
-    Connector("lmcache", ("LMCacheConnectorV1",), flow=SAME_PROMPT, nixl=False,
-              measured=False, cpu_refusal=(
+    Connector("lmcache", ("LMCacheConnectorV1",), flow=SAME_PROMPT, nixl=False, cpu_refusal=(
         f"{V1}/lmcache_integration/vllm_v1_adapter.py: the adapter puts its KV on "
         "torch.device(f\"cuda:{device_index}\")"), not_applicable={"transfer": NOT_NIXL}),
 )}
@@ -110,6 +113,9 @@ def check(knobs: dict[str, str], device: str) -> None:
     """Raise ValueError, naming the connector and the reason from vLLM's source, when it
     cannot run on ``device`` or a knob set away from its default cannot act through it."""
     conn = CONNECTORS[knobs.get("connector", spec.KNOBS["connector"].default)]
+    if conn.unsupported:
+        raise ValueError(f"connector={conn.name!r} is not supported by the workbench: "
+                         f"{conn.unsupported}")
     if device == "cpu" and conn.cpu_refusal:
         raise ValueError(f"connector={conn.name!r} cannot run on the CPU: {conn.cpu_refusal}; "
                          f"connectors that run here: {', '.join(runs_on_cpu())}")
@@ -130,7 +136,7 @@ def with_nixl() -> tuple[str, ...]:
 
 
 def runs_on_cpu() -> tuple[str, ...]:
-    return tuple(n for n, c in CONNECTORS.items() if not c.cpu_refusal)
+    return tuple(n for n, c in CONNECTORS.items() if not c.cpu_refusal and not c.unsupported)
 
 
 def storage_dir(log_dir: str | Path) -> Path:
