@@ -177,3 +177,20 @@ def test_example_chunked_store_detector():
     assert detect(result(row([96, 47], 143, window | {3})))[0] == INCONCLUSIVE
     assert detect(result(row([96, 47], 143, None)))[0] == ABSENT  # a fixed connector
     assert detect(result(row([68], 68, None)))[0] == INCONCLUSIVE  # nothing chunked
+
+
+def test_the_example_report_reproduces_through_the_connector_s_own_flow():
+    """The committed example-chunked-store run's standalone script drives P then D with the
+    same prompt (no kv_transfer_params) over one shared storage folder it makes at start, and
+    the report's command names the connector."""
+    from workbench.findings import report
+    from workbench.paths import DATA
+
+    res = json.loads((DATA / "connectors" / "check-example" / "runs" /
+                      "example-chunked-store-main" / "result.json").read_text())
+    cfg = ExperimentConfig.from_dict(res["config"])
+    script = report.standalone(FINDINGS["example-chunked-store"], cfg, res)
+    assert "FLOW = 'same-prompt'" in script and script.count("{storage}") == 2
+    assert "PLUGIN_ENV = {}" in script  # vLLM alone shows it
+    assert report.connector_flag(cfg) == " --connector example"
+    assert report.connector_flag(ExperimentConfig()) == ""

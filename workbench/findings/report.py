@@ -197,7 +197,7 @@ def page(f: Finding, o, build, result: dict, command: str, fig: str | None) -> s
               *[f"- {s}" for s in f.measured], "", "Inferred from source:",
               *[f"- {s}" for s in f.inferred or ("nothing beyond the location above",)], "",
               "## Reproduce", "With the workbench:", "```",
-              f"python -m workbench check --only {f.id} --out DIR", "```",
+              f"python -m workbench check --only {f.id}{connector_flag(cfg)} --out DIR", "```",
               f"(this report came from `{command}`)", "",
               *reproduce(f, cfg)]
     if fix is not None and fix.is_file():
@@ -206,14 +206,24 @@ def page(f: Finding, o, build, result: dict, command: str, fig: str | None) -> s
     return "\n".join(parts) + "\n"
 
 
+def connector_flag(cfg: ExperimentConfig) -> str:
+    """`` --connector NAME`` where the run's KV connector is not the default one."""
+    name = cfg.knobs.get("connector", knob_spec.KNOBS["connector"].default)
+    return "" if name == knob_spec.KNOBS["connector"].default else f" --connector {name}"
+
+
 def reproduce(f: Finding, cfg: ExperimentConfig) -> list[str]:
     """How to reproduce without ``check``: the script, and what it needs on this platform."""
     script = f"`python {f.id}.repro.py [--target DIR] [--drafter DIR]`"
+    to_d = ("(max_tokens=1, do_remote_decode) and then to D with P's kv_transfer_params, as "
+            "vLLM's toy_proxy_server.py does" if kv_connector.flow(cfg.knobs) == kv_connector.PARAMS
+            else "(max_tokens=1) and then the same prompt to D, which finds P's KV in the shared "
+            "storage, as vLLM's disaggregated-prefill-v1 example does")
     what = ("starts P, D and the baseline with the command lines below (free ports picked at "
-            "start), sends each prompt to P (max_tokens=1, do_remote_decode) and then to D with "
-            "P's kv_transfer_params, as vLLM's toy_proxy_server.py does, and the same prompt to "
-            "the baseline, and prints each request's tokens, drafts and accepted tokens from "
-            "metrics.speculative_decoding, then the symptom in one line.")
+            "start), sends each prompt to P " + to_d +
+            ", and the same prompt to the baseline, and prints each request's tokens, drafts "
+            "and accepted tokens from metrics.speculative_decoding, then the symptom in one "
+            "line.")
     knobs = plugin_knobs(cfg)
     if knobs:
         named = ", ".join(f"{k}={v}" for k, v in knobs.items())
