@@ -218,7 +218,7 @@ def expectations(path: Path | None, entry: str, connector: str = "nixl"
         raise ConfigError(f"--expect {p}: no such file; committed: "
                           f"{', '.join(x.name for x in sorted(EXPECTED.glob('expected-*.json')))}")
     doc = json.loads(p.read_text())
-    if connector == knob_spec.KNOBS["connector"].default:
+    if connector == kv_connector.DEFAULT:
         return p, doc
     return p, {"optional": doc.get("optional", []), "findings": {},
                **(doc.get("connectors") or {}).get(connector, {})}
@@ -420,7 +420,7 @@ def rejudge(out: str | Path, report: str | Path | None = None) -> Checked:
     findings = [FINDINGS[i] for i in old if i in FINDINGS]
     first = next(iter((out / "runs").glob("*/result.json")), None)
     profile = json.loads(first.read_text())["config"]["profile"] if first else "cpu"
-    connector = doc.get("connector", knob_spec.KNOBS["connector"].default)
+    connector = doc.get("connector", kv_connector.DEFAULT)
     _, uses, skipped = plan(findings, connector_base(profile, connector), attached=False)
     done = Executed()
     for k, name in run_names(uses).items():

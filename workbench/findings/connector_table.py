@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..knobs.connector import DEFAULT
 from ..paths import REPO, portable
 from ..provenance import atomic_write_text
 from . import FINDINGS
@@ -27,7 +28,7 @@ def load(dirs: list[Path]) -> dict[str, dict]:
     docs = {}
     for d in dirs:
         doc = json.loads((Path(d) / "check.json").read_text())
-        docs[doc.get("connector", "nixl")] = {**doc, "dir": portable(Path(d))}
+        docs[doc.get("connector", DEFAULT)] = {**doc, "dir": portable(Path(d))}
     return docs
 
 

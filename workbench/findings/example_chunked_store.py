@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .finding import KV_PROBE_READER, Detection, Finding, decide, differing, kv_probed
+from .finding import KV_PROBE_READER, Detection, Finding, decide, tally_vs_p
 from .host_buffer_chunk_boundary import lookahead
 
 BUDGET = 96  # P's token budget: the indomain prompts of 129-160 tokens store 128 positions
@@ -46,25 +46,15 @@ def detect(result: dict) -> Detection:
     least one of them chunked on P: ``absent``. Otherwise ``inconclusive``."""
     config = result.get("config") or {}
     bs, ahead = int(config.get("block_size", 32)), lookahead(config)
-    probed = kv_probed(result)
-    chunked = predicted = exact = other = 0
-    for pr in probed:
-        cmp = pr.get("vs_p") or {}
-        chunks = (pr.get("prefill_chunks") or {}).get("p") or []
-        want = never_computed(chunks, pr["positions_compared"], bs, ahead)
-        chunked += len(chunks) > 1
-        predicted += bool(want)
-        if matches(differing(cmp), pr.get("layers") or {}, want, pr["positions_compared"]):
-            exact += 1
-        elif not cmp.get("identical"):
-            other += 1
+    t = tally_vs_p(result, lambda chunks, n: never_computed(chunks, n, bs, ahead), matches)
     agree = [r.get("agree") for r in result.get("requests") or [] if r.get("agree") is not None]
-    evidence = {"requests_probed": len(probed), "requests_chunked_on_p": chunked,
-                "requests_predicted_never_computed": predicted,
-                "requests_differing_exactly_there": exact, "requests_differing_otherwise": other,
+    evidence = {"requests_probed": t.probed, "requests_chunked_on_p": t.chunked,
+                "requests_predicted_never_computed": t.predicted,
+                "requests_differing_exactly_there": t.exact,
+                "requests_differing_otherwise": t.other,
                 "requests_tokens_differ": agree.count(False)}
-    return decide(exact > 0 and other == 0, chunked > 0 and other == 0 and exact == 0
-                  and all((pr.get("vs_p") or {}).get("identical") for pr in probed), evidence)
+    return decide(t.exact > 0 and not t.other, t.chunked > 0 and not t.exact and not t.other,
+                  evidence)
 
 
 FINDING = Finding(

@@ -103,6 +103,40 @@ def differing(cmp: dict[str, Any]) -> dict[str, set[int]]:
             (cmp.get("positions_differing") or {}).items()}
 
 
+@dataclass
+class VsP:
+    """D's KV against P's per probed request (``vs_p``), against the positions a finding
+    predicts from P's measured chunks: how many requests were probed, chunked on P,
+    predicted to differ, differ as predicted (``match``), and differ otherwise."""
+
+    probed: int = 0
+    chunked: int = 0
+    predicted: int = 0
+    exact: int = 0
+    other: int = 0
+
+
+def tally_vs_p(result: dict[str, Any], predict: Callable[[list[int], int], set[int]],
+               match: Callable[[dict[str, set[int]], dict, set[int], int], bool]) -> VsP:
+    """``predict(chunks on P, positions compared)`` gives the positions D should differ at;
+    ``match(differing per layer, layers, predicted, positions compared)`` says whether a
+    request differs exactly that way."""
+    t = VsP()
+    for pr in kv_probed(result):
+        cmp = pr.get("vs_p") or {}
+        chunks = (pr.get("prefill_chunks") or {}).get("p") or []
+        n = pr["positions_compared"]
+        want = predict(chunks, n)
+        t.probed += 1
+        t.chunked += len(chunks) > 1
+        t.predicted += bool(want)
+        if match(differing(cmp), pr.get("layers") or {}, want, n):
+            t.exact += 1
+        elif not cmp.get("identical"):
+            t.other += 1
+    return t
+
+
 def decide(present: bool, absent: bool, evidence: dict[str, Any]) -> Detection:
     """``present`` before ``absent``; neither: ``inconclusive``."""
     return (PRESENT if present else ABSENT if absent else INCONCLUSIVE), evidence

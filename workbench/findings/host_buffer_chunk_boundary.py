@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .finding import KV_PROBE_READER, Detection, Finding, decide, differing, kv_probed
+from .finding import KV_PROBE_READER, Detection, Finding, decide, tally_vs_p
 
 BUDGET = 64  # P's token budget per step: boundaries on block multiples (block size 32)
 
@@ -42,28 +42,23 @@ def detect(result: dict) -> Detection:
     """
     config = result.get("config") or {}
     bs, ahead = int(config.get("block_size", 32)), lookahead(config)
-    probed = kv_probed(result)
-    chunked = exact = lost = other = 0
-    for pr in probed:
-        cmp = pr.get("vs_p") or {}
-        chunks = (pr.get("prefill_chunks") or {}).get("p") or []
-        want = lost_positions(chunks, pr["positions_compared"], bs, ahead)
-        chunked += len(chunks) > 1
-        lost += bool(want)
-        by_layer = differing(cmp)
-        if want and set(by_layer) == set(pr.get("layers") or {}) and all(
-                ps == want for ps in by_layer.values()):
-            exact += 1
-        elif not cmp.get("identical"):
-            other += 1
-    evidence = {"requests_probed": len(probed), "requests_chunked_on_p": chunked,
-                "requests_predicted_to_lose_slots": lost, "requests_differing_exactly_there":
-                exact, "requests_differing_otherwise": other, "p_lookahead": ahead,
+    t = tally_vs_p(result, lambda chunks, n: lost_positions(chunks, n, bs, ahead), every_layer)
+    evidence = {"requests_probed": t.probed, "requests_chunked_on_p": t.chunked,
+                "requests_predicted_to_lose_slots": t.predicted,
+                "requests_differing_exactly_there": t.exact,
+                "requests_differing_otherwise": t.other, "p_lookahead": ahead,
                 "transfer": (config.get("knobs") or {}).get("transfer"),
                 "token_agreement": result.get("token_agreement")}
-    if not chunked:
+    if not t.chunked:
         evidence["why"] = "nothing was chunked: no request's prefill ran in two steps on P"
-    return decide(exact > 0 and not other, chunked > 0 and not exact and not other, evidence)
+    return decide(t.exact > 0 and not t.other, t.chunked > 0 and not t.exact and not t.other,
+                  evidence)
+
+
+def every_layer(by_layer: dict[str, set[int]], layers: dict, want: set[int], n: int) -> bool:
+    """The signature: every layer differs, at exactly the lost positions."""
+    return bool(want) and set(by_layer) == set(layers) and all(
+        ps == want for ps in by_layer.values())
 
 
 FINDING = Finding(

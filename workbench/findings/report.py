@@ -208,8 +208,8 @@ def page(f: Finding, o, build, result: dict, command: str, fig: str | None) -> s
 
 def connector_flag(cfg: ExperimentConfig) -> str:
     """`` --connector NAME`` where the run's KV connector is not the default one."""
-    name = cfg.knobs.get("connector", knob_spec.KNOBS["connector"].default)
-    return "" if name == knob_spec.KNOBS["connector"].default else f" --connector {name}"
+    name = kv_connector.of(cfg.knobs).name
+    return "" if name == kv_connector.DEFAULT else f" --connector {name}"
 
 
 def reproduce(f: Finding, cfg: ExperimentConfig) -> list[str]:

@@ -105,14 +105,22 @@ CONNECTORS: dict[str, Connector] = {c.name: c for c in (
 )}
 
 
+DEFAULT = spec.KNOBS["connector"].default
+
+
 def get(name: str) -> Connector:
     return CONNECTORS[name]
+
+
+def of(knobs: dict[str, str]) -> Connector:
+    """The connector ``knobs`` name (the default where they name none)."""
+    return CONNECTORS[knobs.get("connector", DEFAULT)]
 
 
 def check(knobs: dict[str, str], device: str) -> None:
     """Raise ValueError, naming the connector and the reason from vLLM's source, when it
     cannot run on ``device`` or a knob set away from its default cannot act through it."""
-    conn = CONNECTORS[knobs.get("connector", spec.KNOBS["connector"].default)]
+    conn = of(knobs)
     if conn.unsupported:
         raise ValueError(f"connector={conn.name!r} is not supported by the workbench: "
                          f"{conn.unsupported}")
@@ -127,7 +135,7 @@ def check(knobs: dict[str, str], device: str) -> None:
 
 def flow(knobs: dict[str, str]) -> str:
     """How the proxy drives the connector ``knobs`` name."""
-    return CONNECTORS[knobs.get("connector", spec.KNOBS["connector"].default)].flow
+    return of(knobs).flow
 
 
 def with_nixl() -> tuple[str, ...]:
@@ -145,7 +153,7 @@ def storage_dir(log_dir: str | Path) -> Path:
 
 # ------------------------------------------------------------------ read-back (engine core) --
 def requested() -> str:
-    return os.environ.get(spec.ENV_CONNECTOR, spec.KNOBS["connector"].default)
+    return os.environ.get(spec.ENV_CONNECTOR, DEFAULT)
 
 
 def classes_of(conn: Any) -> tuple[str, ...]:

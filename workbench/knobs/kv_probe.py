@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -269,10 +270,11 @@ def _keep(key: str, snap: dict, nbytes: int) -> None:
         PROBE.snapshot_bytes -= dropped["bytes"]
 
 
+@functools.cache
 def _loads_in_forward() -> bool:
     """D's connector loads during the forward (``ExampleConnector.start_load_kv``), not
     before the request is scheduled as NIXL's asynchronous load is: D then captures after
-    its first step, as P does after its prefill."""
+    its first step, as P does after its prefill. Restart-time: read once per process."""
     return connector.flow({"connector": connector.requested()}) == connector.SAME_PROMPT
 
 

@@ -130,8 +130,7 @@ class ServerSpec:
     @property
     def kv_connector(self) -> kv_connector.Connector:
         """The connector the restart-time knob ``connector`` names (the default without one)."""
-        return kv_connector.get(self.restart_knobs.get(
-            "connector", knob_spec.KNOBS["connector"].default))
+        return kv_connector.of(self.restart_knobs)
 
     @property
     def url(self) -> str:
