@@ -23,7 +23,7 @@
 # run made once: its 95% bootstrap interval), the prompt set, n, repeats and token agreement
 # under each run, the verdict above each pair. **Export** writes the figures (PNG/SVG/PDF,
 # provenance in their metadata) and the CSVs. ↻ marks settings that restart servers
-# (`transfer`: P and D; k: all three); the knobs' meaning and the vLLM source each one
+# (`transfer`, `connector`: P and D; k: all three); the knobs' meaning and the vLLM source each one
 # changes are in `tour.ipynb` and `docs/knobs.md`. `profile` picks where the servers run:
 # `cpu` (this machine), `gpu` or `gpu-single` (`docs/gpu.md`), each with its own models,
 # block size and default prompt set.
