@@ -434,6 +434,19 @@ def _devbuild_args(dp: argparse.ArgumentParser) -> None:
     devbuild.add_args(dp)
 
 
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    """Search scheduling scenarios for unexplained differences (``workbench/fuzz/``)."""
+    from .fuzz import command
+
+    return command.main(args)
+
+
+def _fuzz_args(fp: argparse.ArgumentParser) -> None:
+    from .fuzz import command
+
+    command.add_args(fp)
+
+
 def _report(result) -> str:
     from .measuring import readout
 
@@ -471,6 +484,10 @@ def _add_deferred(sub) -> None:
          "run old vLLM releases natively (their own environments, the plugin observe-only) "
          "beside the knobs that re-create their bugs; results.csv and the native_vs_knob "
          "figures"),
+        ("fuzz", _fuzz_args, cmd_fuzz,
+         "search generated scheduling scenarios (chunking, prefix sharing, arrivals, aborts, "
+         "k, block size, KV pressure) for differences between PD and the baseline that no "
+         "known finding explains, and shrink each to a minimal case (Hypothesis)"),
         ("devbuild", _devbuild_args, cmd_devbuild,
          "lay the installed vLLM into a new directory as links, as the next dev version of "
          "its release (e.g. 0.32.0 -> 0.32.1.dev1+g0000000; --version), with git-style "

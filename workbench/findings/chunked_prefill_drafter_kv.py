@@ -66,4 +66,5 @@ FINDING = Finding(
     fix="patches/vllm-0.32.0/chunked-prefill-drafter-kv.patch",
     **KV_PROBE_READER,
     symptom="inside",
+    explains=("kv_vs_baseline", "accepts"),  # the drafter's KV, so its drafts; never a token
 )

@@ -33,4 +33,5 @@ FINDING = Finding(
     measured=("per request, which layers of D's KV differ from P's (KV probe digests)",),
     **KV_PROBE_READER,
     symptom="inside",
+    explains=("kv_vs_p", "kv_vs_baseline", "accepts"),  # the drafter's KV only
 )

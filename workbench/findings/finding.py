@@ -24,6 +24,10 @@ VERDICTS = (PRESENT, ABSENT, INCONCLUSIVE, BROKEN, NOT_APPLICABLE)
 CONTROL_OK, CONTROL_BAD, OWN_RUN, RUN_FAILED = "ok", "BAD", "own run", "run failed"
 
 Detection = tuple[str, dict[str, Any]]  # (verdict, evidence)
+# The differences the fuzz oracle tells apart, per request (``fuzz/oracle.py``): D's greedy
+# tokens, its draft counts, its accepted counts per position, its KV against P's and against
+# the baseline's.
+DIFFERENCES = ("tokens", "drafts", "accepts", "kv_vs_p", "kv_vs_baseline")
 Detector = Callable[[dict[str, Any]], Detection]
 
 
@@ -65,6 +69,9 @@ class Finding:
     # baseline's), "tokens" (requests whose tokens differ) or "inside" (read in vLLM's
     # processes only: the script shows the acceptance side and says so).
     symptom: str = "drafts"
+    # The fuzz oracle's differences (``DIFFERENCES``) this finding accounts for in a request
+    # where its detector says present: the padded load step adds a draft and nothing else.
+    explains: tuple[str, ...] = DIFFERENCES
 
 
 def control_status(control: dict) -> str:

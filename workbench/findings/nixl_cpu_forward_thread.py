@@ -64,4 +64,5 @@ FINDING = Finding(
     inferred=("the move comes from NixlBaseConnectorWorker.__init__'s "
               "os.sched_setaffinity(0, ...) (read in the source)",),
     symptom="inside",
+    explains=(),  # where a thread runs: no request's output
 )

@@ -1,0 +1,39 @@
+"""Which known findings explain a request's differences: each finding's own detector, asked
+about a result narrowed to that one request (the detectors read ``result.json`` rows, so
+one row is a result they can judge)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..findings import FINDINGS
+from ..findings.finding import PRESENT, Finding
+
+
+def applies(f: Finding, config: dict[str, Any]) -> bool:
+    knobs = config.get("knobs") or {}
+    return ((not f.profiles or config.get("profile") in f.profiles)
+            and (not f.connectors or knobs.get("connector") in f.connectors))
+
+
+def narrowed(result: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    agree = row.get("agree")
+    return {**result, "requests": [row],
+            "token_agreement": None if agree is None else float(agree)}
+
+
+def present_in(result: dict[str, Any], row: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """{finding id: the kinds it explains} for the findings present in ``row``. A detector
+    that cannot read a one-request result (raises) explains nothing there."""
+    one = narrowed(result, row)
+    out = {}
+    for f in FINDINGS.values():
+        if not f.explains or not applies(f, result.get("config") or {}):
+            continue
+        try:
+            verdict, _ = f.detect(one)
+        except Exception:  # noqa: BLE001 - a detector's blind spot, not the trial's failure
+            continue
+        if verdict == PRESENT:
+            out[f.id] = f.explains
+    return out

@@ -1,0 +1,89 @@
+"""An unexplained difference at its smallest, written up: ``case.json`` (replayable with
+``--replay``), ``records.json`` (the trial's result and verdicts), the KV figure and a
+``report.md`` in the style of ``check --report``: what was observed against the baseline,
+request by request, what is measured and what is only inferred."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from ..config import ExperimentConfig
+from ..findings import report
+from ..provenance import atomic_write_json, atomic_write_text
+from .trial import Trial
+
+# Where a difference of each kind has come from before (the source locations of the known
+# findings): a lead for whoever traces a new one, never a conclusion of the fuzzer's.
+LEADS = {
+    "tokens": "D decoded from other KV than the baseline: compare the blocks D loaded "
+    "(kv_vs_p) before reading the scheduler",
+    "drafts": "vllm/v1/core/sched/scheduler.py, Scheduler.schedule (pad_spec_decode, "
+    "num_lookahead_tokens on the step after a remote load)",
+    "accepts": "the drafter's input on D: its KV (kv_vs_p, drafter layers) or the hidden "
+    "states it is given (vllm/v1/spec_decode/eagle.py, EagleProposer.propose)",
+    "kv_vs_p": "the blocks P handed and D read: Scheduler._connector_finished -> "
+    "NixlConnectorScheduler.request_finished (P), NixlConnectorWorker._read_blocks (D)",
+    "kv_vs_baseline": "what P computed differs from a standalone prefill: chunking "
+    "(--max-num-batched-tokens) or the drafter's prefill on P",
+}
+
+
+def write(out: Path, t: Trial, base: ExperimentConfig) -> Path:
+    """``out/failures/<hash>/``; returns that directory."""
+    d = out / "failures" / t.scenario.hash
+    d.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(d / "case.json", t.scenario.to_dict(), indent=1)
+    atomic_write_json(d / "records.json", {
+        "result": t.result, "judged": [asdict(j) for j in t.judged],
+        "signature": t.signature, "seconds": t.seconds}, indent=1, portable=True)
+    fig = _figure(t, d)
+    atomic_write_text(d / "report.md", page(t, t.scenario.config(base), fig))
+    return d
+
+
+def _figure(t: Trial, d: Path) -> str | None:
+    from ..figures import kv_plots
+    from ..measuring.results import Result
+
+    try:
+        made = kv_plots.kv_probe([Result(**t.result)], d, stem="kv")
+    except Exception:  # noqa: BLE001 - a figure that cannot be drawn leaves the report
+        return None
+    return next((Path(p).name for p in made if str(p).endswith(".png")), None)
+
+
+def request_lines(t: Trial) -> list[str]:
+    out = []
+    for j in t.judged:
+        if j.aborted:
+            out.append(f"- {j.id}: aborted ({j.aborted}); judged only by not disturbing the rest")
+            continue
+        bits = [f"{k}: {json.dumps(v)}" for k, v in j.unexplained.items()]
+        known = [f"{f} ({', '.join(ks)})" for f, ks in j.explained.items()]
+        out.append(f"- {j.id}: {j.verdict}" + (f"; unexplained {'; '.join(bits)}" if bits else "")
+                   + (f"; explained by {', '.join(known)}" if known else "")
+                   + (f"; noise (differs between two baseline runs): {', '.join(j.noise)}"
+                      if j.noise else ""))
+    return out
+
+
+def page(t: Trial, cfg: ExperimentConfig, fig: str | None) -> str:
+    n, tokens = t.scenario.size()
+    kinds = sorted({k for j in t.judged for k in j.unexplained})
+    lines = [f"# Fuzz: unexplained `{t.signature}`", "",
+             f"Smallest case found: {n} request(s), {tokens} prompt tokens, shape "
+             f"`{json.dumps(t.scenario.shape, sort_keys=True)}`, fixed knobs "
+             f"`{json.dumps(t.scenario.knobs, sort_keys=True)}`. Replay: `python -m workbench "
+             f"fuzz --replay case.json --out DIR`.", "", "## Observed (measured)", "",
+             *request_lines(t), *report.observed(t.result), "",
+             "## Expected", "", "D's greedy tokens, its draft and accepted counts per position, "
+             "and its KV (every position against P's, and against the baseline's) equal to "
+             "the standalone baseline's, as two baseline runs are to each other.", "",
+             "## Where to look (inferred, not traced by the fuzzer)", "",
+             *(f"- {k}: {LEADS[k]}" for k in kinds), "",
+             "## The servers", "", *report.command_lines(report.servers(cfg), cfg)]
+    if fig:
+        lines += ["", f"![KV probe]({fig})"]
+    return "\n".join(lines) + "\n"

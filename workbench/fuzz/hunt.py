@@ -1,0 +1,140 @@
+"""The fuzz loop: server shapes outside (one server set each, reused by every scenario of
+the shape), Hypothesis inside (generation and shrinking), the budget over both.
+
+A trial whose unexplained difference has a signature not yet found makes the Hypothesis
+test fail, so Hypothesis shrinks it; while it shrinks, only trials with that same signature
+count as failing (a shrink must not wander into another difference), and after
+``shrink_s`` seconds every new candidate counts as passing, which ends the shrink at the
+smallest case so far. Trials are cached by scenario, so Hypothesis's final replay of the
+smallest case reruns nothing and cannot turn flaky.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hseed
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from ..config import ExperimentConfig
+from . import failure
+from .records import Book
+from .scenario import Scenario, scenarios
+from .space import Space
+from .trial import Trial
+
+SHRINK_S = 150.0  # seconds one failure may spend shrinking
+Runner = Callable[[Scenario], Trial]
+
+
+class Unexplained(Exception):
+    def __init__(self, trial: Trial) -> None:
+        super().__init__(trial.signature)
+        self.trial = trial
+
+
+@dataclass
+class Round:
+    """One Hypothesis run on one shape: generation, then (on a failure) its shrink."""
+
+    limit: int  # trials to generate
+    generated: int = 0
+    target: str | None = None  # the signature being shrunk
+    deadline: float | None = None
+    aside: dict[str, Trial] = field(default_factory=dict)  # new signatures met while shrinking
+
+
+@dataclass
+class Hunt:
+    book: Book
+    space: Space
+    runner: Runner
+    base: ExperimentConfig | None
+    budget_s: float
+    seed: int = 0
+    pool: list[list[int]] = field(default_factory=list)
+    vocab: int = 2048
+    shrink_s: float = SHRINK_S
+    progress: Callable[[Hunt, int], None] | None = None
+
+    def over(self) -> bool:
+        return self.book.spent() >= self.budget_s
+
+    def go(self) -> Book:
+        """Every shape in the space's order until the budget is spent."""
+        for i, shape in enumerate(self.space.shapes(self.seed)):
+            if self.over():
+                break
+            if i in self.book.shapes_done:
+                continue
+            self.explore(i, shape)
+            if not self.over():  # a shape cut by the budget is done again on a resume
+                self.book.shapes_done.append(i)
+                self.book.save()
+        self.book.write_summary()
+        return self.book
+
+    def explore(self, i: int, shape: dict) -> None:
+        cache: dict[str, Trial] = {}
+        left, rounds = self.space.shape_trials, 0
+        while left > 0 and not self.over():
+            r = Round(limit=left)
+            try:
+                self.search(i, shape, cache, r, rounds)
+            except Unexplained as e:
+                self.found(e.trial)
+            for t in r.aside.values():  # met while shrinking another: kept as found
+                self.found(t)
+            left -= max(r.generated, 1)
+            rounds += 1
+
+    def search(self, i: int, shape: dict, cache: dict[str, Trial], r: Round, rounds: int):
+        def check(sc: Scenario) -> None:
+            t = cache.get(sc.hash)
+            if t is None:
+                if self.skip(r):
+                    return
+                t = cache[sc.hash] = self.runner(sc)
+                self.book.log(t, i, "shrink" if r.target else "generate")
+                r.generated += r.target is None
+                if self.progress:
+                    self.progress(self, i)
+            self.judge(t, r)
+
+        db = DirectoryBasedExampleDatabase(str(self.book.out / "hypothesis" / f"shape-{i}"))
+        test = settings(database=db, max_examples=r.limit, deadline=None, print_blob=False,
+                        suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+                        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))(
+            hseed(self.seed * 7919 + i * 101 + rounds)(
+                given(scenarios(shape, self.space, self.pool, self.vocab))(check)))
+        test()
+
+    def skip(self, r: Round) -> bool:
+        """Run no more trials: the budget is spent, the shrink's time is up, or this round
+        generated its share."""
+        return (self.over() or (r.deadline is not None and time.monotonic() > r.deadline)
+                or (r.target is None and r.generated >= r.limit))
+
+    def judge(self, t: Trial, r: Round) -> None:
+        sig = t.signature
+        if not sig or sig in self.book.failures:
+            return
+        if r.target is None:
+            r.target, r.deadline = sig, time.monotonic() + self.shrink_s
+        if sig == r.target:
+            raise Unexplained(t)
+        r.aside.setdefault(sig, t)
+
+    def found(self, t: Trial) -> None:
+        if t.signature in self.book.failures:
+            return
+        where = failure.write(self.book.out, t, self.base) if self.base else None
+        self.book.failures[t.signature] = t.scenario.hash
+        self.book.save()
+        if where is not None:
+            print(f"unexplained {t.signature}: {t.scenario.size()[0]} request(s), "
+                  f"written to {Path(where)}", flush=True)

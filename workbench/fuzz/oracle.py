@@ -1,0 +1,109 @@
+"""The exact oracle, per request: D against the baseline, and two baseline runs against each
+other (what differs between those is noise, never a bug).
+
+The differences (``finding.DIFFERENCES``): ``tokens`` (D's greedy tokens), ``drafts`` (D's
+draft and draft-token counts), ``accepts`` (accepted counts per position), ``kv_vs_p``
+(every position D loaded against P's, every layer) and ``kv_vs_baseline`` (every prompt
+position against the baseline's). Each KV difference carries the layer groups it touched, so
+that a drafter-only difference and a target one are different signatures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..measuring import kv_compare
+
+SAME, NOISE, EXPLAINED, UNEXPLAINED, ERROR = "same", "noise", "explained", "unexplained", "error"
+
+
+def counts_differ(a: dict | None, b: dict | None) -> set[str]:
+    """``drafts`` / ``accepts`` between two sides' per-request counts."""
+    if a is None or b is None:
+        return set()
+    out = set()
+    if (a["num_drafts"], a["num_draft_tokens"]) != (b["num_drafts"], b["num_draft_tokens"]):
+        out.add("drafts")
+    if a["accepted_per_pos"] != b["accepted_per_pos"]:
+        out.add("accepts")
+    return out
+
+
+def kv_kinds(probe: dict | None) -> dict[str, list[str]]:
+    """The KV differences of one request's probe record: kind -> layer groups."""
+    out: dict[str, list[str]] = {}
+    for kind, ref in (("kv_vs_p", "vs_p"), ("kv_vs_baseline", "vs_baseline")):
+        cmp = (probe or {}).get(ref) or {}
+        if cmp and not cmp.get("identical") and not cmp.get("missing"):
+            out[kind] = sorted(cmp.get("groups_differing") or [])
+    return out
+
+
+def differences(row: dict) -> dict[str, Any]:
+    """What differs in one judged request: kind -> detail (first differing token, groups)."""
+    out: dict[str, Any] = {}
+    if row.get("pd_tokens") != row.get("baseline_tokens"):
+        out["tokens"] = {"first_diff": row.get("first_diff")}
+    for kind in counts_differ(row.get("pd"), row.get("baseline")):
+        out[kind] = {"pd": row["pd"], "baseline": row["baseline"]}
+    for kind, groups in kv_kinds(row.get("kv_probe")).items():
+        out[kind] = {"groups": groups}
+    return out
+
+
+def noise(a: dict, b: dict, kv_a: dict | None, kv_b: dict | None) -> set[str]:
+    """What differs between the two baseline runs of one request (``kv_a`` / ``kv_b``: the
+    baseline's probe records of the prompt): tokens, counts, KV. A KV difference there makes
+    D's ``kv_vs_baseline`` noise too."""
+    out = counts_differ(a.get("baseline"), b.get("baseline"))
+    if a.get("baseline_tokens") != b.get("baseline_tokens"):
+        out.add("tokens")
+    if kv_a is not None and kv_b is not None and not kv_compare.compare(kv_b, kv_a)["identical"]:
+        out.add("kv_vs_baseline")
+    return out
+
+
+@dataclass
+class Judged:
+    """One request's verdict: what differs, what is noise, what each finding explains, and
+    what is left (``unexplained``: kind -> detail)."""
+
+    id: str
+    verdict: str
+    differences: dict[str, Any] = field(default_factory=dict)
+    noise: list[str] = field(default_factory=list)
+    explained: dict[str, list[str]] = field(default_factory=dict)  # finding -> kinds
+    unexplained: dict[str, Any] = field(default_factory=dict)
+    aborted: str | None = None
+
+
+def judge(row: dict, noisy: set[str], explains: dict[str, tuple[str, ...]]) -> Judged:
+    """``explains``: each finding present in this request and the kinds it accounts for."""
+    diff = differences(row)
+    real = {k: v for k, v in diff.items() if k not in noisy}
+    explained = {f: sorted(set(real) & set(kinds)) for f, kinds in explains.items()}
+    explained = {f: ks for f, ks in explained.items() if ks}
+    covered = {k for ks in explained.values() for k in ks}
+    left = {k: v for k, v in real.items() if k not in covered}
+    verdict = (UNEXPLAINED if left else EXPLAINED if explained else
+               NOISE if diff else SAME)
+    return Judged(row["id"], verdict, diff, sorted(set(diff) & noisy), explained, left)
+
+
+def signature(judged: list[Judged]) -> str | None:
+    """The unexplained difference of a trial as one name (kinds, with the KV groups), so that
+    two trials that differ the same way count as one failure: ``kv_vs_p:drafter+tokens``."""
+    parts = set()
+    for j in judged:
+        for kind, detail in j.unexplained.items():
+            groups = (detail or {}).get("groups") if kind.startswith("kv") else None
+            parts.add(f"{kind}:{'+'.join(groups)}" if groups else kind)
+    return "+".join(sorted(parts)) or None
+
+
+def trial_verdict(judged: list[Judged]) -> str:
+    """The worst request's verdict (unexplained > explained > noise > same)."""
+    order = (UNEXPLAINED, EXPLAINED, NOISE, SAME)
+    return next((v for v in order if any(j.verdict == v for j in judged)), SAME)
+

@@ -1,0 +1,117 @@
+"""What a fuzz run writes under its ``--out`` directory, and how it resumes.
+
+``trials.jsonl``: one line per trial (scenario, verdict, signature, seconds), appended and
+flushed as each ends; ``state.json``: the run's space, seed, budget spent, shapes done and
+the failure signatures found (written atomically); ``failures/<hash>/``: each unexplained
+difference at its smallest (``case.json`` for ``--replay``, ``records.json``, a KV figure,
+``report.md``); ``summary.md``: per finding and per unexplained signature, how many trials
+hit it, the smallest case and the time to the first hit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+from ..provenance import atomic_write_json, atomic_write_text
+from .trial import Trial
+
+
+@dataclass
+class Hit:
+    """How often one finding (or unexplained signature) showed, and its smallest case."""
+
+    trials: int = 0
+    first_s: float | None = None  # budget seconds spent when it first showed
+    smallest: dict[str, Any] | None = None  # {"hash", "requests", "tokens"}
+
+
+@dataclass
+class Book:
+    out: Path
+    run: dict[str, Any]  # {"space", "seed", "attribute"}: what a resume must match
+    elapsed_s: float = 0.0
+    trials: int = 0
+    shapes_done: list[int] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)  # signature -> failure hash
+    hits: dict[str, Hit] = field(default_factory=dict)  # finding id or "unexplained: sig"
+    started: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def open(cls, out: Path, run: dict[str, Any]) -> Book:
+        """A new record, or the one under ``out`` when it was made with the same space,
+        seed and attribution (a different one is refused: its budget and shapes would not
+        mean the same)."""
+        out.mkdir(parents=True, exist_ok=True)
+        state = out / "state.json"
+        if not state.exists():
+            return cls(out, run)
+        old = json.loads(state.read_text())
+        if old.get("run") != run:
+            raise ConfigError(f"--out {out} holds a fuzz run with another space, seed or "
+                              "attribution (state.json); pass another --out to start anew")
+        hits = {k: Hit(**v) for k, v in old.get("hits", {}).items()}
+        return cls(out, run, old["elapsed_s"], old["trials"], old["shapes_done"],
+                   old["failures"], hits)
+
+    def spent(self) -> float:
+        return self.elapsed_s + (time.monotonic() - self.started)
+
+    def save(self) -> None:
+        atomic_write_json(self.out / "state.json", {
+            "run": self.run, "elapsed_s": round(self.spent(), 1), "trials": self.trials,
+            "shapes_done": self.shapes_done, "failures": self.failures,
+            "hits": {k: asdict(h) for k, h in self.hits.items()}}, indent=2)
+
+    def log(self, t: Trial, shape: int, phase: str) -> None:
+        """One trial into ``trials.jsonl`` (flushed to disk before the next starts)."""
+        self.trials += 1
+        line = {"trial": self.trials, "shape": shape, "phase": phase, "hash": t.scenario.hash,
+                "verdict": t.verdict, "signature": t.signature,
+                "explained": sorted({f for j in t.judged for f in j.explained}),
+                "noise": sorted({k for j in t.judged for k in j.noise}),
+                "seconds": round(t.seconds, 2), "start_seconds": round(t.start_seconds, 2),
+                "error": t.error, "scenario": t.scenario.to_dict()}
+        with (self.out / "trials.jsonl").open("a") as f:
+            f.write(json.dumps(line) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        for name in line["explained"] + ([f"unexplained: {t.signature}"] if t.signature else []):
+            self.hit(name, t)
+        self.save()
+
+    def hit(self, name: str, t: Trial) -> None:
+        h = self.hits.setdefault(name, Hit())
+        h.trials += 1
+        if h.first_s is None:
+            h.first_s = round(self.spent(), 1)
+        n, tokens = t.scenario.size()
+        if h.smallest is None or (n, tokens) < (h.smallest["requests"], h.smallest["tokens"]):
+            h.smallest = {"hash": t.scenario.hash, "requests": n, "tokens": tokens}
+
+    def summary(self) -> str:
+        lines = ["# Fuzz summary", "",
+                 f"{self.trials} trials, {self.spent() / 60:.1f} min of budget spent, "
+                 f"{len(self.shapes_done)} server shapes done, seed {self.run['seed']}, "
+                 f"attribution {'on' if self.run['attribute'] else 'off'}.", "",
+                 "| finding or unexplained difference | trials | first hit (min) | "
+                 "smallest case (requests, prompt tokens) |", "|---|---|---|---|"]
+        for name, h in sorted(self.hits.items()):
+            first = f"{h.first_s / 60:.1f}" if h.first_s is not None else "-"
+            s = h.smallest or {}
+            where = self.failures.get(name.removeprefix("unexplained: "))
+            case = f"[{s.get('hash')}](failures/{where}/report.md)" if where else s.get("hash")
+            lines.append(f"| {name} | {h.trials} | {first} | {case} ({s.get('requests')}, "
+                         f"{s.get('tokens')}) |")
+        if not self.hits:
+            lines.append("| (nothing differed) | 0 | - | - |")
+        return "\n".join(lines) + "\n"
+
+    def write_summary(self) -> Path:
+        self.save()
+        return atomic_write_text(self.out / "summary.md", self.summary())
