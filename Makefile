@@ -9,7 +9,7 @@ STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases check check-devbuild connectors check-connectors
+.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases check check-devbuild connectors check-connectors fuzz fuzz-power
 
 setup: $(STAMP)
 
@@ -92,6 +92,21 @@ check-connectors: setup
 	    --log-dir data/connectors/check-$$c/logs || test $$? -eq 1; \
 	done
 	$(PY) -m workbench.findings.connector_table $(addprefix data/connectors/check-,$(CHECK_CONNECTORS))
+
+# Search generated scheduling scenarios for differences between PD and the baseline that no
+# known finding explains (docs/fuzz.md): FUZZ_OUT/summary.md, trials.jsonl and failures/<hash>/
+# (a rerun resumes). Exit 1 from the fuzzer (an unexplained difference found) is its answer,
+# not make's failure: the summary says what it found.
+FUZZ_BUDGET ?= 20m
+FUZZ_OUT ?= data/fuzz/run
+FUZZ_ARGS ?=
+fuzz: setup
+	$(PY) -m workbench fuzz --budget $(FUZZ_BUDGET) --out $(FUZZ_OUT) $(FUZZ_ARGS) || test $$? -eq 1
+
+# How well the fuzzer hunts (benchmarks/fuzz_power.py): mutation score, rediscovery, false
+# alarms on the patched dev build, throughput; prints the four figures (docs/fuzz.md).
+fuzz-power: setup
+	$(PY) benchmarks/fuzz_power.py
 
 # Old releases against the knobs (docs/releases.md): builds each release's
 # own environment under .venvs/ (uv; about 6 GB, once), runs it natively with the plugin

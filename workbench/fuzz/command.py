@@ -47,7 +47,13 @@ def parse_budget(text: str) -> float:
 
 
 def base_config(args: argparse.Namespace) -> ExperimentConfig:
-    return ExperimentConfig.for_profile("cpu", target=args.target, drafter=args.drafter)
+    return base_config_for(args.target, args.drafter)
+
+
+def base_config_for(target: str = str(DEFAULT_TARGET),
+                    drafter: str = str(DEFAULT_DRAFTER)) -> ExperimentConfig:
+    """The CPU profile with this model pair: what every scenario's config starts from."""
+    return ExperimentConfig.for_profile("cpu", target=target, drafter=drafter)
 
 
 def pool_and_vocab(base: ExperimentConfig) -> tuple[list[list[int]], int]:
@@ -103,6 +109,6 @@ def replay(case: Path, out: Path, base: ExperimentConfig, attribute_on: bool,
     with Session(log_dir=log_dir) as session:
         t = trial.run(session, sc, base, attribute_on)
     where = failure.write(out / "replay", t, base)
-    print(f"{sc.hash}: {t.verdict}" + (f" ({t.signature})" if t.signature else "")
+    print(f"{sc.hash}: {t.verdict}" + (f" ({', '.join(t.signatures)})" if t.signatures else "")
           + (f"; error: {t.error}" if t.error else "") + f"; records in {where}")
-    return 1 if t.signature or t.error else 0
+    return 1 if t.signatures or t.error else 0

@@ -30,16 +30,19 @@ LEADS = {
 }
 
 
-def write(out: Path, t: Trial, base: ExperimentConfig) -> Path:
-    """``out/failures/<hash>/``; returns that directory."""
+def write(out: Path, t: Trial, base: ExperimentConfig, sig: str | None = None) -> Path:
+    """``out/failures/<hash>/`` for the failure ``sig`` (its trial's first signature when
+    None); returns that directory."""
+    sig = sig or next(iter(t.signatures), None)
     d = out / "failures" / t.scenario.hash
     d.mkdir(parents=True, exist_ok=True)
     atomic_write_json(d / "case.json", t.scenario.to_dict(), indent=1)
     atomic_write_json(d / "records.json", {
         "result": t.result, "judged": [asdict(j) for j in t.judged],
-        "signature": t.signature, "seconds": t.seconds}, indent=1, portable=True)
+        "signature": sig, "signatures": t.signatures, "seconds": t.seconds}, indent=1,
+        portable=True)
     fig = _figure(t, d)
-    atomic_write_text(d / "report.md", page(t, t.scenario.config(base), fig))
+    atomic_write_text(d / "report.md", page(t, t.scenario.config(base), fig, sig))
     return d
 
 
@@ -69,10 +72,10 @@ def request_lines(t: Trial) -> list[str]:
     return out
 
 
-def page(t: Trial, cfg: ExperimentConfig, fig: str | None) -> str:
+def page(t: Trial, cfg: ExperimentConfig, fig: str | None, sig: str | None) -> str:
     n, tokens = t.scenario.size()
     kinds = sorted({k for j in t.judged for k in j.unexplained})
-    lines = [f"# Fuzz: unexplained `{t.signature}`", "",
+    lines = [f"# Fuzz: unexplained `{sig}`", "",
              f"Smallest case found: {n} request(s), {tokens} prompt tokens, shape "
              f"`{json.dumps(t.scenario.shape, sort_keys=True)}`, fixed knobs "
              f"`{json.dumps(t.scenario.knobs, sort_keys=True)}`. Replay: `python -m workbench "
@@ -84,6 +87,10 @@ def page(t: Trial, cfg: ExperimentConfig, fig: str | None) -> str:
              "## Where to look (inferred, not traced by the fuzzer)", "",
              *(f"- {k}: {LEADS[k]}" for k in kinds), "",
              "## The servers", "", *report.command_lines(report.servers(cfg), cfg)]
+    if t.scenario.knobs:
+        fixed = ", ".join(f"{k}={v}" for k, v in t.scenario.knobs.items())
+        lines += ["", f"The fixed knobs ({fixed}) act through the workbench's plugin inside "
+                  "these servers (its knob channel), not through their flags: docs/knobs.md."]
     if fig:
         lines += ["", f"![KV probe]({fig})"]
     return "\n".join(lines) + "\n"

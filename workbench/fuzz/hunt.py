@@ -1,9 +1,10 @@
 """The fuzz loop: server shapes outside (one server set each, reused by every scenario of
 the shape), Hypothesis inside (generation and shrinking), the budget over both.
 
-A trial whose unexplained difference has a signature not yet found makes the Hypothesis
-test fail, so Hypothesis shrinks it; while it shrinks, only trials with that same signature
-count as failing (a shrink must not wander into another difference), and after
+A trial with a request whose unexplained difference has a signature not yet found
+(``oracle.signature``) makes the Hypothesis test fail, so Hypothesis shrinks it; while it
+shrinks, only trials with a request of that same signature count as failing (a shrink must
+not wander into another difference), and after
 ``shrink_s`` seconds every new candidate counts as passing, which ends the shrink at the
 smallest case so far. Trials are cached by scenario, so Hypothesis's final replay of the
 smallest case reruns nothing and cannot turn flaky.
@@ -32,9 +33,9 @@ Runner = Callable[[Scenario], Trial]
 
 
 class Unexplained(Exception):
-    def __init__(self, trial: Trial) -> None:
-        super().__init__(trial.signature)
-        self.trial = trial
+    def __init__(self, trial: Trial, signature: str) -> None:
+        super().__init__(signature)
+        self.trial, self.signature = trial, signature
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Round:
     """One Hypothesis run on one shape: generation, then (on a failure) its shrink."""
 
     limit: int  # trials to generate
+    wanted: str | None = None  # a signature met earlier while shrinking another: only it fails
     generated: int = 0
     target: str | None = None  # the signature being shrunk
     deadline: float | None = None
@@ -79,18 +81,25 @@ class Hunt:
         return self.book
 
     def explore(self, i: int, shape: dict) -> None:
+        """Rounds on one shape until its trials are generated. A signature met while another
+        was shrinking is wanted by the next round (which shrinks it when it meets it again),
+        and written as met, unshrunk, if no round does."""
         cache: dict[str, Trial] = {}
+        pending: dict[str, Trial] = {}
         left, rounds = self.space.shape_trials, 0
         while left > 0 and not self.over():
-            r = Round(limit=left)
+            r = Round(limit=left, wanted=next(iter(pending), None))
             try:
                 self.search(i, shape, cache, r, rounds)
             except Unexplained as e:
-                self.found(e.trial)
-            for t in r.aside.values():  # met while shrinking another: kept as found
-                self.found(t)
+                self.found(e.signature, e.trial)
+                pending.pop(e.signature, None)
+            pending.update({s: t for s, t in r.aside.items()
+                            if s not in pending and s not in self.book.failures})
             left -= max(r.generated, 1)
             rounds += 1
+        for sig, t in pending.items():
+            self.found(sig, t)
 
     def search(self, i: int, shape: dict, cache: dict[str, Trial], r: Round, rounds: int):
         def check(sc: Scenario) -> None:
@@ -120,21 +129,23 @@ class Hunt:
                 or (r.target is None and r.generated >= r.limit))
 
     def judge(self, t: Trial, r: Round) -> None:
-        sig = t.signature
-        if not sig or sig in self.book.failures:
+        new = [s for s in t.signatures if s not in self.book.failures]
+        if not new:
             return
-        if r.target is None:
-            r.target, r.deadline = sig, time.monotonic() + self.shrink_s
-        if sig == r.target:
-            raise Unexplained(t)
-        r.aside.setdefault(sig, t)
+        if r.target is None and (r.wanted is None or r.wanted in new):
+            r.target, r.deadline = r.wanted or new[0], time.monotonic() + self.shrink_s
+        for sig in new:
+            if sig != r.target:
+                r.aside.setdefault(sig, t)
+        if r.target in new:
+            raise Unexplained(t, r.target)
 
-    def found(self, t: Trial) -> None:
-        if t.signature in self.book.failures:
+    def found(self, sig: str, t: Trial) -> None:
+        if sig in self.book.failures:
             return
-        where = failure.write(self.book.out, t, self.base) if self.base else None
-        self.book.failures[t.signature] = t.scenario.hash
+        where = failure.write(self.book.out, t, self.base, sig) if self.base else None
+        self.book.failures[sig] = t.scenario.hash
         self.book.save()
         if where is not None:
-            print(f"unexplained {t.signature}: {t.scenario.size()[0]} request(s), "
-                  f"written to {Path(where)}", flush=True)
+            print(f"unexplained {sig}: {t.scenario.size()[0]} request(s), written to "
+                  f"{Path(where)}", flush=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..measuring import kv_compare
 
+COUNTS = ("num_drafts", "num_draft_tokens", "accepted_per_pos")
 SAME, NOISE, EXPLAINED, UNEXPLAINED, ERROR = "same", "noise", "explained", "unexplained", "error"
 
 
@@ -46,7 +47,7 @@ def differences(row: dict) -> dict[str, Any]:
     if row.get("pd_tokens") != row.get("baseline_tokens"):
         out["tokens"] = {"first_diff": row.get("first_diff")}
     for kind in counts_differ(row.get("pd"), row.get("baseline")):
-        out[kind] = {"pd": row["pd"], "baseline": row["baseline"]}
+        out[kind] = {side: {k: row[side][k] for k in COUNTS} for side in ("pd", "baseline")}
     for kind, groups in kv_kinds(row.get("kv_probe")).items():
         out[kind] = {"groups": groups}
     return out
@@ -91,15 +92,25 @@ def judge(row: dict, noisy: set[str], explains: dict[str, tuple[str, ...]]) -> J
     return Judged(row["id"], verdict, diff, sorted(set(diff) & noisy), explained, left)
 
 
-def signature(judged: list[Judged]) -> str | None:
-    """The unexplained difference of a trial as one name (kinds, with the KV groups), so that
-    two trials that differ the same way count as one failure: ``kv_vs_p:drafter+tokens``."""
-    parts = set()
-    for j in judged:
-        for kind, detail in j.unexplained.items():
-            groups = (detail or {}).get("groups") if kind.startswith("kv") else None
-            parts.add(f"{kind}:{'+'.join(groups)}" if groups else kind)
-    return "+".join(sorted(parts)) or None
+# The most upstream difference names a request's failure: KV that D loaded unlike P's comes
+# before KV that P computed unlike the baseline, which comes before what decoding showed.
+ROOTS = ("kv_vs_p", "kv_vs_baseline", "tokens", "accepts", "drafts")
+
+
+def signature(j: Judged) -> str | None:
+    """One request's unexplained difference as a stable name: its most upstream kind, with
+    the KV layer groups it touched (``kv_vs_p:drafter+target``, ``drafts``). Two requests that
+    differ the same way, whatever followed from it downstream, count as one failure."""
+    root = next((k for k in ROOTS if k in j.unexplained), None)
+    if root is None:
+        return None
+    groups = (j.unexplained[root] or {}).get("groups") if root.startswith("kv") else None
+    return f"{root}:{'+'.join(groups)}" if groups else root
+
+
+def signatures(judged: list[Judged]) -> list[str]:
+    """A trial's failure signatures, one per distinct request signature, sorted."""
+    return sorted({s for j in judged if (s := signature(j))})
 
 
 def trial_verdict(judged: list[Judged]) -> str:

@@ -72,7 +72,7 @@ class Book:
         """One trial into ``trials.jsonl`` (flushed to disk before the next starts)."""
         self.trials += 1
         line = {"trial": self.trials, "shape": shape, "phase": phase, "hash": t.scenario.hash,
-                "verdict": t.verdict, "signature": t.signature,
+                "verdict": t.verdict, "signatures": t.signatures,
                 "explained": sorted({f for j in t.judged for f in j.explained}),
                 "noise": sorted({k for j in t.judged for k in j.noise}),
                 "seconds": round(t.seconds, 2), "start_seconds": round(t.start_seconds, 2),
@@ -81,7 +81,7 @@ class Book:
             f.write(json.dumps(line) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        for name in line["explained"] + ([f"unexplained: {t.signature}"] if t.signature else []):
+        for name in line["explained"] + [f"unexplained: {s}" for s in t.signatures]:
             self.hit(name, t)
         self.save()
 

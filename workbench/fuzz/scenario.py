@@ -108,30 +108,48 @@ def lengths(bs: int, top: int) -> st.SearchStrategy[int]:
                      st.integers(1, top)).map(lambda n: max(1, min(n, top)))
 
 
-def shared_prefix(draw, earlier: list[Request], bs: int) -> list[int]:
+@dataclass(frozen=True)
+class Spec:
+    """What Hypothesis draws for one request, the same fields whatever its position, so that
+    deleting a request (the shrinker's first move) leaves the others' draws in place."""
+
+    share: bool  # a prefix of an earlier request's prompt (ignored for the first request)
+    ref: int  # which earlier request (modulo how many there are)
+    cut: str  # CUTS
+    blocks: int  # where the cut falls, in blocks (modulo what the earlier prompt holds)
+    length: int  # the prompt's own tokens (after the shared prefix, up to the space's max)
+    source: str
+    seed: int
+    max_tokens: int
+    abort: str
+    d_first: bool
+
+
+def specs(space: Space, bs: int) -> st.SearchStrategy[Spec]:
+    top = space.max_prompt_len
+    return st.builds(Spec, st.booleans(), st.integers(0, 255), st.sampled_from(CUTS),
+                     st.integers(1, max(1, top // bs)), lengths(bs, top),
+                     st.sampled_from(space.sources), st.integers(0, 2**16),
+                     st.integers(min(2, space.max_new_tokens), space.max_new_tokens),
+                     st.sampled_from(rare(space.aborts, "none")), st.booleans())
+
+
+def shared_prefix(s: Spec, earlier: list[Request], bs: int) -> list[int]:
     """A prefix of an earlier request's prompt: all of it, or cut on a block multiple, one
     token short of it or one over."""
-    base = list(draw(st.sampled_from(earlier)).tokens)
-    cut = draw(st.sampled_from(CUTS))
-    if cut == "whole" or len(base) < bs:
+    base = list(earlier[s.ref % len(earlier)].tokens)
+    if s.cut == "whole" or len(base) < bs:
         return base
-    k = draw(st.integers(1, len(base) // bs)) * bs
-    return base[:k + {"blocks": 0, "blocks-1": -1, "blocks+1": 1}[cut]]
+    k = (1 + (s.blocks - 1) % (len(base) // bs)) * bs
+    return base[:k + {"blocks": 0, "blocks-1": -1, "blocks+1": 1}[s.cut]]
 
 
-@st.composite
-def _request(draw, space: Space, bs: int, earlier: list[Request], pool, vocab: int) -> Request:
-    top = space.max_prompt_len
-    prefix = shared_prefix(draw, earlier, bs) if earlier and draw(st.booleans()) else []
-    room = top - len(prefix)
-    n = draw(st.integers(0, room)) if prefix else draw(lengths(bs, top))
-    tokens = prefix + make_tokens(draw(st.sampled_from(space.sources)),
-                                  draw(st.integers(0, 2**16)), n, pool, vocab)
-    return Request(tokens=tuple(tokens[:top] or [FIRST_ID]),
-                   max_tokens=draw(st.integers(min(2, space.max_new_tokens),
-                                               space.max_new_tokens)),
-                   abort=draw(st.sampled_from(rare(space.aborts, "none"))),
-                   d_first=draw(st.booleans()))
+def build(s: Spec, space: Space, bs: int, earlier: list[Request], pool, vocab: int) -> Request:
+    prefix = shared_prefix(s, earlier, bs) if s.share and earlier else []
+    n = min(s.length, space.max_prompt_len - len(prefix)) if prefix else s.length
+    tokens = (prefix + make_tokens(s.source, s.seed, n, pool, vocab))[:space.max_prompt_len]
+    return Request(tokens=tuple(tokens or [FIRST_ID]), max_tokens=s.max_tokens, abort=s.abort,
+                   d_first=s.d_first)
 
 
 def rare(values: tuple, common: str, weight: int = 4) -> list:
@@ -158,10 +176,11 @@ def delays(arrival: str, n: int, gap: float) -> list[float]:
 def scenarios(draw, shape: dict[str, Any], space: Space, pool: list[list[int]],
               vocab: int) -> Scenario:
     """A scenario on ``shape``: its requests, their arrivals and the order of the sides."""
-    n = draw(st.integers(1, space.max_requests))
+    bs = shape["block_size"]
     reqs: list[Request] = []
-    for _ in range(n):
-        reqs.append(draw(_request(space, shape["block_size"], reqs, pool, vocab)))
+    for s in draw(st.lists(specs(space, bs), min_size=1, max_size=space.max_requests)):
+        reqs.append(build(s, space, bs, reqs, pool, vocab))
+    n = len(reqs)
     arrival = draw(st.sampled_from(first(space.arrivals, "together")))
     gap = draw(st.sampled_from(GAPS))
     reqs = [replace(r, delay_s=d) for r, d in zip(reqs, delays(arrival, n, gap), strict=True)]

@@ -48,8 +48,8 @@ class Trial:
         return oracle.ERROR if self.error else oracle.trial_verdict(self.judged)
 
     @property
-    def signature(self) -> str | None:
-        return None if self.error else oracle.signature(self.judged)
+    def signatures(self) -> list[str]:
+        return [] if self.error else oracle.signatures(self.judged)
 
 
 def row_of(i: int, r: Request, cfg: ExperimentConfig) -> dict[str, Any]:
