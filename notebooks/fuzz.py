@@ -49,7 +49,7 @@ if show_dir is None:
 shown = Path(show_dir or out_dir)
 display(Markdown((shown / "summary.md").read_text()))
 trials = pd.read_json(shown / "trials.jsonl", lines=True)
-display(trials[["trial", "shape", "phase", "verdict", "signature", "seconds"]].tail(20))
+display(trials[["trial", "shape", "phase", "verdict", "signatures", "seconds"]].tail(20))
 
 # %% [markdown]
 # Each unexplained difference at its smallest: its report (observed against expected, where

@@ -20,7 +20,7 @@ import httpx
 
 from ..config import ExperimentConfig
 from ..experiment import Session, client_limits, new_result, probe_kv
-from ..inputs.prompts import Prompt, bad_case
+from ..inputs.prompts import Prompt, apply_double_bos, bad_case, load_tokenizer
 from ..knobs import connector as kv_connector
 from ..measuring import kv_compare, metrics
 from ..measuring.measure import Requests, handed_blocks, request_body, run_coro, spec_metrics
@@ -52,11 +52,20 @@ class Trial:
         return [] if self.error else oracle.signatures(self.judged)
 
 
+def sent(r: Request, cfg: ExperimentConfig) -> list[int]:
+    """The prompt as the workbench's client sends it to every server: the client-side knob
+    ``double_bos`` puts a second BOS in front, on both sides alike."""
+    if cfg.knobs["double_bos"] == "on":
+        return apply_double_bos(list(r.tokens), load_tokenizer(str(cfg.target)).bos_token_id)
+    return list(r.tokens)
+
+
 def row_of(i: int, r: Request, cfg: ExperimentConfig) -> dict[str, Any]:
-    n, ahead = len(r.tokens), (cfg.k_p if cfg.knobs["prefill_lookahead"] == "default" else 0)
+    ids = sent(r, cfg)
+    n, ahead = len(ids), (cfg.k_p if cfg.knobs["prefill_lookahead"] == "default" else 0)
     return {"id": f"r{i}", "prompt_len": n, "prompt_len_mod_block": n % cfg.block_size,
             "affected": bad_case(n, ahead, cfg.block_size), "prime_d": r.d_first,
-            "source": "fuzz", "prompt_token_ids": list(r.tokens), "max_tokens": r.max_tokens,
+            "source": "fuzz", "prompt_token_ids": ids, "max_tokens": r.max_tokens,
             "delay_s": r.delay_s, "abort": r.abort}
 
 
@@ -69,7 +78,7 @@ class Sender:
         self.flow = kv_connector.flow(cfg.knobs)
 
     def body(self, r: Request) -> dict[str, Any]:
-        return {**request_body(self.cfg), "max_tokens": r.max_tokens, "prompt": list(r.tokens)}
+        return {**request_body(self.cfg), "max_tokens": r.max_tokens, "prompt": sent(r, self.cfg)}
 
     async def baseline(self, req: Requests, i: int, r: Request) -> dict[str, Any]:
         resp = await req.complete("baseline", self.body(r), f"{req.tag}-base-r{i}")
