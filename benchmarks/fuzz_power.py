@@ -144,7 +144,25 @@ def throughput(out: Path) -> dict:
             "start_share": round(starts / total, 3) if total else None}
 
 
-def report(doc: dict) -> None:
+def leftover(runs: Path) -> dict[str, list[str]]:
+    """Each failure of an attribution-off run asked again with attribution: {failure hash:
+    the kinds no known finding explains} for those where some are left (new, or noise)."""
+    out = {}
+    for rec in sorted(runs.glob("failures/*/records.json")):
+        doc = json.loads(rec.read_text())
+        rows = {r["id"]: r for r in doc["result"].get("requests") or []}
+        left = set()
+        for j in doc["judged"]:
+            if j.get("unexplained") and j["id"] in rows:
+                kinds = {k for ks in attribute.present_in(doc["result"], rows[j["id"]]).values()
+                         for k in ks}
+                left |= set(j["unexplained"]) - kinds
+        if left:
+            out[rec.parent.name] = sorted(left)
+    return out
+
+
+def report(doc: dict, out: Path) -> None:
     m = (doc.get("mutation") or {}).get("mutations") or {}
     if m:
         caught = sum(r["caught"] for r in m.values())
@@ -155,7 +173,8 @@ def report(doc: dict) -> None:
                   f"{r['minutes_to_catch']} min, smallest {r['smallest']}, {r['trials']} trials")
     if r := doc.get("rediscovery"):
         print(f"rediscovery (minutes of budget, {r['budget_min']:.0f} min budget): "
-              f"{r['minutes_to_find']}; failures {r['failures']}")
+              f"{r['minutes_to_find']}; failures {r['failures']}; left unexplained when "
+              f"asked with attribution: {leftover(out / 'rediscovery') or 'none'}")
     if r := doc.get("false-alarms"):
         print(f"false alarms on the dev build ({', '.join(r['patches'])}; {r['budget']}): "
               f"{len(r['unexplained'])} unexplained {r['unexplained']} in {r['trials']} trials")
@@ -191,7 +210,7 @@ def main() -> None:
     if parts:
         doc["throughput"] = throughput(out)
         atomic_write_json(path, doc, indent=1, portable=True)
-    report(doc)
+    report(doc, out)
 
 
 if __name__ == "__main__":
