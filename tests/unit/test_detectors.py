@@ -31,12 +31,15 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "findings"
 CHECKS = {"release": DATA / "host-buffer-chunk-boundary" / "check-release",
           "devbuild": DATA / "host-buffer-chunk-boundary" / "check-devbuild",
-          "example": ROOT / "data" / "connectors" / "check-example"}
+          "example": ROOT / "data" / "connectors" / "check-example",
+          "prefix": DATA / "prefix-cache-drafter-kv" / "check-release"}
+# Findings found after the full checks above were committed: their own check holds them.
+OWN_CHECK = {"prefix-cache-drafter-kv": "prefix"}
 NIXL_CHECKS = ("release", "devbuild")  # on the default connector, NIXL pull
 # The committed check whose runs stand for each finding's controls: the dev build's, or, for
 # a finding of another connector, that connector's check.
-HOME = {f.id: f.connectors[0] if f.connectors and "nixl" not in f.connectors
-        else "devbuild" for f in FINDINGS.values()}
+HOME = {f.id: OWN_CHECK.get(f.id) or (f.connectors[0] if f.connectors and "nixl" not in
+                                      f.connectors else "devbuild") for f in FINDINGS.values()}
 CHUNKED, HOST = "chunked-prefill-drafter-kv", "host-buffer-chunk-boundary"
 # In the committed records, no longer a finding (the client's own prompt building).
 GONE = {"double-bos": "double-bos is no longer a finding: it is the client's own prompt "
@@ -284,6 +287,13 @@ def _one_layer_right(r):  # one layer of one request equal to P's: not every lay
     pos.pop(next(iter(pos)))
 
 
+def _elsewhere_too(r):  # the differing request also differs at its first position
+    cmp = next(q["kv_probe"]["vs_p"] for q in r["requests"]
+               if q["kv_probe"]["vs_p"]["positions_differing"])
+    layer = next(iter(cmp["positions_differing"]))
+    cmp["positions_differing"][layer] = [[0, 0], *cmp["positions_differing"][layer]]
+
+
 CRAFTED = {  # finding -> (committed check, which, alteration); the run is `present` as is
     "padded-load-step": ("devbuild", "main", _mixed_extra_drafts),
     "nixl-cpu-forward-thread": ("devbuild", "main", _no_thread_affinities),
@@ -293,6 +303,7 @@ CRAFTED = {  # finding -> (committed check, which, alteration); the run is `pres
     "eager-finalize-host-staged": ("devbuild", "positive", _target_differs_too("vs_p")),
     "host-buffer-chunk-boundary": ("release", "main", _one_layer_right),
     "example-chunked-store": ("example", "main", _one_layer_right),
+    "prefix-cache-drafter-kv": ("prefix", "main", _elsewhere_too),
 }
 
 
@@ -406,7 +417,8 @@ def test_the_own_run_findings_are_the_expected_ones():
                            ("example-chunked-store", "positive"),
                            ("host-buffer-chunk-boundary", "positive"),
                            ("nixl-cpu-forward-thread", "positive"),
-                           ("padded-load-step", "positive")]
+                           ("padded-load-step", "positive"),
+                           ("prefix-cache-drafter-kv", "positive")]
 
 
 @pytest.mark.parametrize(("fid", "which"), OWN)

@@ -187,6 +187,6 @@ def test_select_names_the_unknown_id():
     # all of them, in the registry's order (the order check runs and shows them)
     every = check.select(None)
     assert [f.id for f in every] == list(FINDINGS) and check.select("") == every
-    assert all(isinstance(f, Finding) for f in every) and len(every) == 8
+    assert all(isinstance(f, Finding) for f in every) and len(every) == 9
     assert [f.id for f in check.select(" stale-last-block , padded-load-step,")] == [
         "stale-last-block", "padded-load-step"]

@@ -19,6 +19,7 @@ from . import (
     host_buffer_chunk_boundary,
     nixl_cpu_forward_thread,
     padded_load_step,
+    prefix_cache_drafter_kv,
     stale_last_block,
     unclipped_handoff,
 )
@@ -32,5 +33,6 @@ FINDINGS: dict[str, Finding] = {f.id: f for f in (
     chunked_prefill_drafter_kv.FINDING,
     eager_finalize_host_staged.FINDING,
     host_buffer_chunk_boundary.FINDING,
+    prefix_cache_drafter_kv.FINDING,
     example_chunked_store.FINDING,
 )}

@@ -4,6 +4,7 @@ one row is a result they can judge)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from ..findings import FINDINGS
@@ -22,12 +23,16 @@ def narrowed(result: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
             "token_agreement": None if agree is None else float(agree)}
 
 
-def present_in(result: dict[str, Any], row: dict[str, Any]) -> dict[str, tuple[str, ...]]:
-    """{finding id: the kinds it explains} for the findings present in ``row``. A detector
-    that cannot read a one-request result (raises) explains nothing there."""
+def present_in(result: dict[str, Any], row: dict[str, Any],
+               only: Collection[str] | None = None) -> dict[str, tuple[str, ...]]:
+    """{finding id: the kinds it explains} for the findings (those in ``only``, when given)
+    present in ``row``. A detector that cannot read a one-request result (raises) explains
+    nothing there."""
     one = narrowed(result, row)
     out = {}
     for f in FINDINGS.values():
+        if only is not None and f.id not in only:
+            continue
         if not f.explains or not applies(f, result.get("config") or {}):
             continue
         try:

@@ -63,7 +63,6 @@ class Hunt:
     shrink_s: float = SHRINK_S
     progress: Callable[[Hunt, int], None] | None = None
     stop: Callable[[Book], bool] | None = None  # ends the hunt early (the benchmark's goals)
-    ignore: frozenset[str] = frozenset()  # signatures not to chase (a control run's)
 
     def over(self) -> bool:
         return self.book.spent() >= self.budget_s or bool(self.stop and self.stop(self.book))
@@ -131,7 +130,7 @@ class Hunt:
                 or (r.target is None and r.generated >= r.limit))
 
     def judge(self, t: Trial, r: Round) -> None:
-        new = [s for s in t.signatures if s not in self.book.failures and s not in self.ignore]
+        new = [s for s in t.signatures if s not in self.book.failures]
         if not new:
             return
         if r.target is None and (r.wanted is None or r.wanted in new):

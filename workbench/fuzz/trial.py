@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,9 +147,10 @@ def baseline_records(session: Session) -> dict[str, dict]:
 
 
 def run(session: Session, scenario: Scenario, base: ExperimentConfig,
-        attribute_on: bool = True) -> Trial:
+        attribute_on: bool = True, only: Collection[str] | None = None) -> Trial:
     """Run ``scenario``; a failure (a server gone, a request refused) becomes the trial's
-    ``error`` with what was measured kept."""
+    ``error`` with what was measured kept. ``only``: the findings attribution may name (all
+    when None)."""
     cfg = scenario.config(base)
     t0 = time.monotonic()
     session.ensure(cfg)
@@ -173,7 +175,8 @@ def run(session: Session, scenario: Scenario, base: ExperimentConfig,
                  [Prompt(r["id"], r["prompt_token_ids"]) for r in rows])
         aggregate(result, [r for r in rows if "aborted" not in r])
         trial.result = result.to_dict()
-        trial.judged = judge_all(trial.result, first, (kv_first, kv_second), attribute_on)
+        trial.judged = judge_all(trial.result, first, (kv_first, kv_second),
+                                 attribute_on, only)
     except Exception as e:  # noqa: BLE001 - kept as the trial's error, with its rows
         result.complete, result.error = False, f"{type(e).__name__}: {e}"
         trial.result, trial.error = result.to_dict(), result.error
@@ -181,8 +184,8 @@ def run(session: Session, scenario: Scenario, base: ExperimentConfig,
     return trial
 
 
-def judge_all(result: dict, first: list[dict], kv: tuple[dict, dict],
-              attribute_on: bool) -> list[oracle.Judged]:
+def judge_all(result: dict, first: list[dict], kv: tuple[dict, dict], attribute_on: bool,
+              only: Collection[str] | None = None) -> list[oracle.Judged]:
     """Every request that ran to the end; an aborted one is listed with its abort only.
     ``first``: the rows of the first baseline pass; ``kv``: both baseline passes' probe
     records by prompt key."""
@@ -195,6 +198,6 @@ def judge_all(result: dict, first: list[dict], kv: tuple[dict, dict],
             continue
         key = prompt_key(row["prompt_token_ids"])
         noisy = oracle.noise(a, row, kv[0].get(key), kv[1].get(key))
-        explains = attribute.present_in(result, row) if attribute_on else {}
+        explains = attribute.present_in(result, row, only) if attribute_on else {}
         out.append(oracle.judge(row, noisy, explains))
     return out

@@ -120,6 +120,30 @@ def lastblock(n: int, tokenizer, seed: int = 0, block_size: int = 32) -> list[Pr
     return _trimmed(n, tokenizer, [4 * block_size, 5 * block_size], "lastblock", prime_d=True)
 
 
+def blockprefix(n: int, tokenizer, seed: int = 0, block_size: int = 32,
+                short: bool = False) -> list[Prompt]:
+    """Pairs, D primed with each in order: a prompt of exactly four blocks (``short``: one
+    token less), then the same prompt with 40 more tokens. The first's last block is full at
+    its prefill, so it is cached with the drafter's KV at its last slot computed from that
+    request's sampled token; the second recomputes the block (the EAGLE drop) under the same
+    block hash, and ``BlockPool.get_cached_block`` returns the first one cached."""
+    length = 4 * block_size - int(short)
+    parts = _trimmed(2 * n, tokenizer, [length, 41], "blockprefix", prime_d=True)
+    name = "blockshort" if short else "blockprefix"
+    out = []
+    for i in range(0, n, 2):
+        a, tail = parts[2 * i], parts[2 * i + 1].token_ids[1:]
+        out += [Prompt(f"{name}{i}", a.token_ids, name, prime_d=True),
+                Prompt(f"{name}{i + 1}", a.token_ids + tail, name, prime_d=True)]
+    return out[:n]
+
+
+def blockshort(n: int, tokenizer, seed: int = 0, block_size: int = 32) -> list[Prompt]:
+    """``blockprefix`` with the first prompt one token short of four blocks (its last block
+    is never full, so never cached): the negative control."""
+    return blockprefix(n, tokenizer, seed, block_size, short=True)
+
+
 def random_ids(n: int, tokenizer, seed: int = 0, block_size: int = 32) -> list[Prompt]:
     """Random token ids of mixed lengths: for randomly initialised model pairs."""
     rng = random.Random(seed)
@@ -153,6 +177,8 @@ SOURCES: dict[str, PromptSource] = {
     "indomain": indomain,
     "badcase": badcase,
     "lastblock": lastblock,
+    "blockprefix": blockprefix,
+    "blockshort": blockshort,
     "random": random_ids,
 }
 

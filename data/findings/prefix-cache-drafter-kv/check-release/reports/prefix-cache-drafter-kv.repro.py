@@ -1,0 +1,326 @@
+"""A standalone reproduction written by ``python -m workbench check --report``.
+
+Starts P (kv_producer), D (kv_consumer) and a standalone baseline with the command lines
+below, on free ports and side-channel ports picked at start, sends every prompt to P with
+max_tokens=1 and do_remote_decode, then to D with P's kv_transfer_params (what vLLM's
+toy_proxy_server.py does; with FLOW "same-prompt", a connector that shares storage, P and D
+get the plain prompt, as vLLM's disaggregated-prefill-v1 example sends it), and the same
+prompt to the baseline; prints per request the tokens
+and the drafts and accepted tokens each side reports in ``metrics.speculative_decoding``
+(--per-request-spec-decode-metrics detailed), then the finding's symptom in one line, and
+stops the servers. Needs vLLM (with NIXL) and httpx; where PLUGIN_ENV is not empty, also the
+workbench installed in the same environment (its vLLM plugin does what vLLM alone cannot on
+this platform; the script never imports it).
+
+    python REPRO.py [--target DIR] [--drafter DIR]
+
+The models default to the workbench repository's data/models/ (found from this script's
+location, or ``$WORKBENCH_MODELS``).
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from importlib import metadata
+from pathlib import Path
+
+import httpx
+
+FINDING = 'prefix-cache-drafter-kv'
+SYMPTOM = 'inside'
+SERVERS = [
+ {
+  "role": "p",
+  "argv": [
+   "python",
+   "-m",
+   "vllm.entrypoints.openai.api_server",
+   "--model",
+   "{target}",
+   "--host",
+   "127.0.0.1",
+   "--port",
+   "{port}",
+   "--block-size",
+   "32",
+   "--max-model-len",
+   "1024",
+   "--dtype",
+   "float32",
+   "--seed",
+   "0",
+   "--speculative-config",
+   "{\"method\": \"eagle3\", \"model\": \"{drafter}\", \"num_speculative_tokens\": 1}",
+   "--per-request-spec-decode-metrics",
+   "detailed",
+   "--kv-cache-memory-bytes",
+   "268435456",
+   "--enforce-eager",
+   "--kv-transfer-config",
+   "{\"kv_connector\": \"NixlConnector\", \"kv_role\": \"kv_producer\", \"kv_buffer_device\": \"cpu\"}"
+  ],
+  "env": {
+   "VLLM_NO_USAGE_STATS": "1",
+   "DO_NOT_TRACK": "1",
+   "HF_HUB_OFFLINE": "1",
+   "TRANSFORMERS_OFFLINE": "1",
+   "PYTHONUNBUFFERED": "1",
+   "VLLM_CPU_OMP_THREADS_BIND": "{cpus}",
+   "VLLM_NIXL_SIDE_CHANNEL_PORT": "{side_channel_port}",
+   "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+   "UCX_NET_DEVICES": "lo"
+  }
+ },
+ {
+  "role": "d",
+  "argv": [
+   "python",
+   "-m",
+   "vllm.entrypoints.openai.api_server",
+   "--model",
+   "{target}",
+   "--host",
+   "127.0.0.1",
+   "--port",
+   "{port}",
+   "--block-size",
+   "32",
+   "--max-model-len",
+   "1024",
+   "--dtype",
+   "float32",
+   "--seed",
+   "0",
+   "--speculative-config",
+   "{\"method\": \"eagle3\", \"model\": \"{drafter}\", \"num_speculative_tokens\": 3}",
+   "--per-request-spec-decode-metrics",
+   "detailed",
+   "--kv-cache-memory-bytes",
+   "268435456",
+   "--enforce-eager",
+   "--kv-transfer-config",
+   "{\"kv_connector\": \"NixlConnector\", \"kv_role\": \"kv_consumer\", \"kv_buffer_device\": \"cpu\"}"
+  ],
+  "env": {
+   "VLLM_NO_USAGE_STATS": "1",
+   "DO_NOT_TRACK": "1",
+   "HF_HUB_OFFLINE": "1",
+   "TRANSFORMERS_OFFLINE": "1",
+   "PYTHONUNBUFFERED": "1",
+   "VLLM_CPU_OMP_THREADS_BIND": "{cpus}",
+   "VLLM_NIXL_SIDE_CHANNEL_PORT": "{side_channel_port}",
+   "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+   "UCX_NET_DEVICES": "lo"
+  }
+ },
+ {
+  "role": "baseline",
+  "argv": [
+   "python",
+   "-m",
+   "vllm.entrypoints.openai.api_server",
+   "--model",
+   "{target}",
+   "--host",
+   "127.0.0.1",
+   "--port",
+   "{port}",
+   "--block-size",
+   "32",
+   "--max-model-len",
+   "1024",
+   "--dtype",
+   "float32",
+   "--seed",
+   "0",
+   "--speculative-config",
+   "{\"method\": \"eagle3\", \"model\": \"{drafter}\", \"num_speculative_tokens\": 3}",
+   "--per-request-spec-decode-metrics",
+   "detailed",
+   "--kv-cache-memory-bytes",
+   "268435456",
+   "--enforce-eager"
+  ],
+  "env": {
+   "VLLM_NO_USAGE_STATS": "1",
+   "DO_NOT_TRACK": "1",
+   "HF_HUB_OFFLINE": "1",
+   "TRANSFORMERS_OFFLINE": "1",
+   "PYTHONUNBUFFERED": "1",
+   "VLLM_CPU_OMP_THREADS_BIND": "{cpus}"
+  }
+ }
+]
+PROMPTS = [[1, 318, 291, 313, 835, 278, 486, 223, 316, 522, 294, 573, 1567, 307, 462, 746, 817, 534, 1415, 385, 316, 467, 503, 351, 1033, 377, 462, 746, 817, 534, 1415, 547, 308, 447, 319, 952, 1668, 14, 361, 467, 39, 39, 45, 65, 787, 38, 266, 291, 313, 697, 278, 477, 19, 385, 316, 467, 769, 296, 462, 1932, 272, 288, 669, 765, 375, 1203, 16, 201, 261, 303, 650, 10, 85, 11, 1656, 444, 457, 486, 28, 266, 288, 16, 768, 10, 68, 1856, 90, 626, 415, 201, 201, 317, 323, 768, 65, 72, 1320, 10, 72, 14, 735, 301, 274, 563, 326, 409, 274, 303, 735, 620, 486, 28, 266, 1279, 278, 486, 90, 26, 626, 18, 266, 735, 278, 735, 472, 477, 19, 274], [1, 318, 291, 313, 835, 278, 486, 223, 316, 522, 294, 573, 1567, 307, 462, 746, 817, 534, 1415, 385, 316, 467, 503, 351, 1033, 377, 462, 746, 817, 534, 1415, 547, 308, 447, 319, 952, 1668, 14, 361, 467, 39, 39, 45, 65, 787, 38, 266, 291, 313, 697, 278, 477, 19, 385, 316, 467, 769, 296, 462, 1932, 272, 288, 669, 765, 375, 1203, 16, 201, 261, 303, 650, 10, 85, 11, 1656, 444, 457, 486, 28, 266, 288, 16, 768, 10, 68, 1856, 90, 626, 415, 201, 201, 317, 323, 768, 65, 72, 1320, 10, 72, 14, 735, 301, 274, 563, 326, 409, 274, 303, 735, 620, 486, 28, 266, 1279, 278, 486, 90, 26, 626, 18, 266, 735, 278, 735, 472, 477, 19, 274, 446, 28, 266, 1279, 278, 486, 274, 303, 735, 457, 486, 28, 201, 274, 344, 575, 1923, 10, 276, 14, 575, 80, 14, 1374, 301, 266, 303, 575, 80, 16, 549, 457, 1239, 16, 53, 49, 37, 45, 65, 38], [1, 333, 312, 1143, 824, 10, 276, 16, 816, 70, 1057, 10, 70, 14, 314, 70, 14, 1995, 11, 361, 355, 70, 14, 314, 70, 11, 307, 296, 1399, 1263, 11, 322, 344, 962, 1399, 1263, 70, 1057, 10, 276, 14, 337, 1057, 14, 1995, 301, 266, 360, 266, 1763, 270, 962, 1346, 625, 1263, 337, 1057, 432, 16, 266, 360, 266, 303, 1995, 1301, 223, 27, 28, 289, 1268, 278, 337, 1057, 65, 374, 266, 446, 28, 201, 287, 261, 316, 1169, 1799, 1114, 568, 1013, 463, 1983, 289, 558, 28, 331, 1336, 278, 1325, 10, 276, 14, 312, 2009, 65, 9, 437, 568, 11, 289, 579, 1793, 28, 331, 558, 28, 417, 1044, 31, 376, 668, 10, 276, 14, 312, 804, 65, 9, 437, 568, 11], [1, 333, 312, 1143, 824, 10, 276, 16, 816, 70, 1057, 10, 70, 14, 314, 70, 14, 1995, 11, 361, 355, 70, 14, 314, 70, 11, 307, 296, 1399, 1263, 11, 322, 344, 962, 1399, 1263, 70, 1057, 10, 276, 14, 337, 1057, 14, 1995, 301, 266, 360, 266, 1763, 270, 962, 1346, 625, 1263, 337, 1057, 432, 16, 266, 360, 266, 303, 1995, 1301, 223, 27, 28, 289, 1268, 278, 337, 1057, 65, 374, 266, 446, 28, 201, 287, 261, 316, 1169, 1799, 1114, 568, 1013, 463, 1983, 289, 558, 28, 331, 1336, 278, 1325, 10, 276, 14, 312, 2009, 65, 9, 437, 568, 11, 289, 579, 1793, 28, 331, 558, 28, 417, 1044, 31, 376, 668, 10, 276, 14, 312, 804, 65, 9, 437, 568, 11, 493, 1151, 357, 417, 303, 1044, 28, 646, 291, 16, 2003, 16, 768, 480, 7, 85, 62, 80, 4, 7, 676, 10, 1151, 448, 201, 287, 261, 316, 673, 1406, 339, 702, 619, 714, 16, 359, 1297, 1992, 14, 625], [1, 1825, 1836, 1095, 590, 14, 274, 422, 1157, 880, 16, 274, 1108, 772, 280, 270, 659, 377, 1505, 85, 1441, 375, 333, 296, 326, 886, 1026, 648, 82, 396, 394, 628, 274, 533, 396, 272, 970, 319, 1048, 351, 1378, 524, 1637, 1799, 58, 16, 590, 14, 1164, 270, 1157, 348, 1637, 1799, 58, 16, 590, 16, 67, 16, 68, 16, 69, 201, 335, 778, 854, 201, 201, 1812, 1870, 1383, 361, 890, 854, 1113, 361, 965, 16, 223, 574, 272, 79, 780, 849, 481, 563, 309, 201, 1879, 1383, 14, 375, 1541, 74, 430, 85, 270, 1046, 524, 1881, 662, 307, 1708, 447, 16, 537, 259, 563, 890, 854, 201, 259, 545, 890, 854, 563, 1038, 82, 343, 201, 259, 890, 854, 16, 587, 85, 69], [1, 1825, 1836, 1095, 590, 14, 274, 422, 1157, 880, 16, 274, 1108, 772, 280, 270, 659, 377, 1505, 85, 1441, 375, 333, 296, 326, 886, 1026, 648, 82, 396, 394, 628, 274, 533, 396, 272, 970, 319, 1048, 351, 1378, 524, 1637, 1799, 58, 16, 590, 14, 1164, 270, 1157, 348, 1637, 1799, 58, 16, 590, 16, 67, 16, 68, 16, 69, 201, 335, 778, 854, 201, 201, 1812, 1870, 1383, 361, 890, 854, 1113, 361, 965, 16, 223, 574, 272, 79, 780, 849, 481, 563, 309, 201, 1879, 1383, 14, 375, 1541, 74, 430, 85, 270, 1046, 524, 1881, 662, 307, 1708, 447, 16, 537, 259, 563, 890, 854, 201, 259, 545, 890, 854, 563, 1038, 82, 343, 201, 259, 890, 854, 16, 587, 85, 69, 84, 346, 201, 259, 1234, 201, 201, 335, 201, 261, 502, 1747, 312, 374, 9, 351, 312, 391, 1009, 223, 312, 264, 1333, 65, 1742, 9, 319, 1810, 270, 659, 377, 1240, 274, 1268, 351, 388, 1430, 671, 351, 296], [1, 660, 1980, 201, 5, 296, 799, 347, 285, 85, 947, 388, 296, 1446, 16, 201, 819, 942, 35, 53, 65, 55, 53, 685, 65, 1096, 1134, 28, 274, 2031, 827, 873, 46, 65, 1662, 42, 39, 968, 53, 921, 463, 65, 1574, 818, 278, 623, 266, 312, 82, 561, 763, 588, 312, 6, 1574, 85, 465, 373, 266, 312, 82, 915, 763, 588, 312, 6, 1574, 85, 465, 373, 201, 274, 344, 1114, 65, 285, 86, 343, 450, 10, 276, 301, 266, 360, 949, 2022, 479, 1987, 564, 266, 314, 1636, 480, 1769, 1204, 16, 1202, 16, 1928, 16, 1072, 65, 285, 86, 343, 450, 319, 462, 2022, 14, 1351, 1557, 771, 296, 1114, 918, 1649, 461, 533, 424, 309, 949, 1288, 441, 57, 950, 11, 266], [1, 660, 1980, 201, 5, 296, 799, 347, 285, 85, 947, 388, 296, 1446, 16, 201, 819, 942, 35, 53, 65, 55, 53, 685, 65, 1096, 1134, 28, 274, 2031, 827, 873, 46, 65, 1662, 42, 39, 968, 53, 921, 463, 65, 1574, 818, 278, 623, 266, 312, 82, 561, 763, 588, 312, 6, 1574, 85, 465, 373, 266, 312, 82, 915, 763, 588, 312, 6, 1574, 85, 465, 373, 201, 274, 344, 1114, 65, 285, 86, 343, 450, 10, 276, 301, 266, 360, 949, 2022, 479, 1987, 564, 266, 314, 1636, 480, 1769, 1204, 16, 1202, 16, 1928, 16, 1072, 65, 285, 86, 343, 450, 319, 462, 2022, 14, 1351, 1557, 771, 296, 1114, 918, 1649, 461, 533, 424, 309, 949, 1288, 441, 57, 950, 11, 266, 1114, 278, 291, 16, 1769, 1842, 16, 376, 65, 1202, 65, 815, 413, 1072, 415, 201, 287, 261, 295, 65, 1159, 85, 16, 611, 10, 1159, 85, 61, 75, 762, 289, 295, 65, 1413, 376, 85, 16, 611, 10, 1413]]
+MAX_TOKENS = 32
+PLUGIN_ENV = {}
+PLUGIN_KNOBS = {}
+FLOW = 'params'
+NO_KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+         "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+
+def default_models():
+    """``$WORKBENCH_MODELS``, else the first ``data/models`` above this script."""
+    if os.environ.get("WORKBENCH_MODELS"):
+        return Path(os.environ["WORKBENCH_MODELS"])
+    for up in Path(__file__).resolve().parents:
+        if (up / "data" / "models" / "target" / "config.json").is_file():
+            return up / "data" / "models"
+    return None
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_plan():
+    """P on the first half of this process's cores, D and the baseline on the rest."""
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // 2)
+    first, rest = cores[:half], cores[half:] or cores[:half]
+    return {"p": ",".join(map(str, first)), "d": ",".join(map(str, rest)),
+            "baseline": ",".join(map(str, rest))}
+
+
+def fill(value, values):
+    for k, v in values.items():
+        value = value.replace("{" + k + "}", str(v))
+    return value
+
+
+def plugin_files(tmp):
+    """The control file the workbench's plugin reads (knobs as below) and its state dir."""
+    if not PLUGIN_ENV:
+        return {}
+    if not any(e.name == "workbench_knobs" for e in metadata.entry_points(
+            group="vllm.general_plugins")):
+        sys.exit(f"{FINDING} needs the workbench's vLLM plugin on this platform "
+                 f"({', '.join(f'{k}={v}' for k, v in PLUGIN_KNOBS.items())}): install the "
+                 "workbench (pip install -e .) in this environment")
+    control = Path(tmp) / "knobs.json"
+    control.write_text(json.dumps({"version": 1, "knobs": PLUGIN_KNOBS, "seed": 0}))
+    (Path(tmp) / "state").mkdir()
+    return {"WORKBENCH_KNOBS_FILE": str(control), "WORKBENCH_KNOBS_STATE_DIR":
+            str(Path(tmp) / "state")}
+
+
+def start(server, values, extra_env):
+    env = {**os.environ, **{k: fill(v, values) for k, v in server["env"].items()}}
+    if PLUGIN_ENV and server["role"] != "baseline":
+        env.update({**PLUGIN_ENV, **extra_env, "WORKBENCH_ROLE": server["role"]})
+    log = Path(f"repro-{server['role']}.log").open("w")  # noqa: SIM115 - open while it runs
+    argv = [sys.executable, *(fill(a, values) for a in server["argv"][1:])]
+    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def wait(url, proc, timeout=600):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited (see repro-*.log)")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"{url}: not up after {timeout} s")
+
+
+def complete(url, model, prompt, request_id, **extra):
+    """A greedy completion of token ids (the prompt is not tokenized again: no second BOS)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "top_p": 1.0, "return_token_ids": True, "ignore_eos": False, "stream": False,
+            **extra}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=600,
+                   headers={"X-Request-Id": request_id})
+    r.raise_for_status()
+    return r.json()
+
+
+def spec(resp):
+    sd = (resp.get("metrics") or {}).get("speculative_decoding") or {}
+    return {"drafts": sd.get("num_spec_steps"), "accepted": sd.get("num_accepted_draft_tokens"),
+            "per_step_accepted": (sd.get("per_step_accepted") or [])[:4]}
+
+
+def tokens(resp):
+    return resp["choices"][0].get("token_ids") or resp["choices"][0]["text"]
+
+
+def summary(rows):
+    """The finding's symptom in one line."""
+    n = len(rows)
+    differ = sum(not r["same_tokens"] for r in rows)
+    extra = [r["d"]["drafts"] - r["baseline"]["drafts"] for r in rows]
+    if SYMPTOM == "drafts":
+        return f"D counted {sum(extra)} more drafts than the baseline over {n} requests"
+    if SYMPTOM == "tokens":
+        return f"D's tokens differ from the baseline's in {differ} of {n} requests"
+    accepted = [r["d"]["accepted"] - r["baseline"]["accepted"] for r in rows]
+    return (f"{FINDING}: its symptom is read inside vLLM's processes by the workbench's plugin "
+            f"(the KV probe or thread affinities), not visible here; the acceptance side: D's "
+            f"tokens differ in {differ} of {n} requests, D accepted {sum(accepted)} tokens "
+            f"more than the baseline over {sum(extra)} more drafts")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    models = default_models()
+    ap.add_argument("--target", default=models and str(models / "target"))
+    ap.add_argument("--drafter", default=models and str(models / "drafter"))
+    args = ap.parse_args()
+    if not (args.target and args.drafter):
+        ap.error("no data/models found above this script: pass --target and --drafter "
+                 "(or set WORKBENCH_MODELS)")
+    cpus = cpu_plan()
+    with tempfile.TemporaryDirectory(prefix="repro-") as tmp:
+        values = {s["role"]: {"target": args.target, "drafter": args.drafter,
+                              "port": free_port(), "side_channel_port": free_port(),
+                              "cpus": cpus[s["role"]], "storage": f"{tmp}/kv-storage"}
+                  for s in SERVERS}
+        url = {role: f"http://127.0.0.1:{v['port']}" for role, v in values.items()}
+        extra_env = plugin_files(tmp)
+        procs = {s["role"]: start(s, values[s["role"]], extra_env) for s in SERVERS}
+        try:
+            for role, p in procs.items():
+                wait(url[role], p)
+            rows = []
+            for prompt in PROMPTS:
+                rid = str(uuid.uuid4())
+                params = FLOW == "params"
+                p_resp = complete(url["p"], args.target, prompt, rid, max_tokens=1,
+                                  **({"kv_transfer_params": NO_KV} if params else {}))
+                d = complete(url["d"], args.target, prompt, rid,
+                             **({"kv_transfer_params": p_resp["kv_transfer_params"]}
+                                if params else {}))
+                b = complete(url["baseline"], args.target, prompt, f"base-{rid}")
+                rows.append({"d": spec(d), "baseline": spec(b),
+                             "same_tokens": tokens(d) == tokens(b)})
+            extra = [r["d"]["drafts"] - r["baseline"]["drafts"] for r in rows]
+            print(json.dumps({"requests": rows, "d_drafts_minus_baseline": extra}, indent=1))
+            print(summary(rows))
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            for p in procs.values():
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()
