@@ -229,3 +229,16 @@ def test_a_case_round_trips_through_json_with_its_hash():
 def test_a_file_that_is_not_a_case_is_refused():
     with pytest.raises(ConfigError, match="not a fuzz case"):
         Scenario.from_dict({"shape": {}})
+
+
+def test_a_trial_that_failed_is_recorded_as_an_error_not_a_finding(tmp_path):
+    space = Space(shape_trials=3, budget_p=(None,), budget_d=(None,), k_p=(1,),
+                  block_size=(32,), kv_cache_mib=(256,), padded_drafter_batch=(True,),
+                  transfer=("direct",))
+    book = Book.open(tmp_path, {"space": space.to_dict(), "seed": 0, "attribute": True})
+    Hunt(book, space, lambda sc: Trial(sc, {}, error="servers: D exited"), None, 600,
+         pool=POOL).go()
+    assert book.failures == {} and book.trials == 3
+    assert book.hits["error (a server or a request failed; trials.jsonl has each)"].trials == 3
+    line = json.loads((tmp_path / "trials.jsonl").read_text().splitlines()[0])
+    assert line["verdict"] == "error" and line["error"] == "servers: D exited"

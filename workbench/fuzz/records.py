@@ -81,7 +81,9 @@ class Book:
             f.write(json.dumps(line) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        for name in line["explained"] + [f"unexplained: {s}" for s in t.signatures]:
+        errors = ["error (a server or a request failed; trials.jsonl has each)"] if t.error \
+            else []
+        for name in line["explained"] + [f"unexplained: {s}" for s in t.signatures] + errors:
             self.hit(name, t)
         self.save()
 

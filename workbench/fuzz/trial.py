@@ -153,7 +153,10 @@ def run(session: Session, scenario: Scenario, base: ExperimentConfig,
     when None)."""
     cfg = scenario.config(base)
     t0 = time.monotonic()
-    session.ensure(cfg)
+    try:
+        session.ensure(cfg)
+    except Exception as e:  # noqa: BLE001 - a shape whose servers cannot start: the trial's
+        return Trial(scenario, {}, seconds=time.monotonic() - t0, error=f"servers: {e}")
     started = time.monotonic() - t0
     n = len(scenario.requests)
     rows = [row_of(i, r, cfg) for i, r in enumerate(scenario.requests)]
