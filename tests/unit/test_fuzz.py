@@ -242,3 +242,12 @@ def test_a_trial_that_failed_is_recorded_as_an_error_not_a_finding(tmp_path):
     assert book.hits["error (a server or a request failed; trials.jsonl has each)"].trials == 3
     line = json.loads((tmp_path / "trials.jsonl").read_text().splitlines()[0])
     assert line["verdict"] == "error" and line["error"] == "servers: D exited"
+
+
+def test_a_space_longer_than_the_servers_model_length_is_refused_before_any_start():
+    from workbench.fuzz.command import base_config_for, fits
+
+    with pytest.raises(ConfigError, match="max_prompt_len=1000 .* exceeds the servers' "
+                                          "max_model_len=1024"):
+        fits(Space(max_prompt_len=1000), base_config_for())
+    fits(Space(), base_config_for())

@@ -56,6 +56,16 @@ def base_config_for(target: str = str(DEFAULT_TARGET),
     return ExperimentConfig.for_profile("cpu", target=target, drafter=drafter)
 
 
+def fits(space: Space, base: ExperimentConfig) -> None:
+    """The longest prompt (a second BOS included) and its tokens within the servers'
+    ``--max-model-len``, checked before any server starts."""
+    need = space.max_prompt_len + 1 + space.max_new_tokens
+    if need > base.max_model_len:
+        raise ConfigError(f"space max_prompt_len={space.max_prompt_len} + max_new_tokens="
+                          f"{space.max_new_tokens} (+1 BOS) = {need} exceeds the servers' "
+                          f"max_model_len={base.max_model_len}")
+
+
 def pool_and_vocab(base: ExperimentConfig) -> tuple[list[list[int]], int]:
     """The prompt set's token ids (the "prompts" source) and the target's vocabulary."""
     pool = [p.token_ids for p in prompts.build("indomain", POOL_PROMPTS, base.target)]
@@ -82,6 +92,7 @@ def main(args: argparse.Namespace) -> int:
     budget = parse_budget(args.budget)
     space = Space.load(args.space)
     base = base_config(args)
+    fits(space, base)
     out = Path(args.out)
     if args.replay:
         return replay(Path(args.replay), out, base, not args.no_attribute, args.log_dir)
