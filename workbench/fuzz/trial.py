@@ -23,6 +23,7 @@ from ..config import ExperimentConfig
 from ..experiment import Session, client_limits, new_result, probe_kv
 from ..inputs.prompts import Prompt, apply_double_bos, bad_case, load_tokenizer
 from ..knobs import connector as kv_connector
+from ..knobs.kv_probe import prompt_key
 from ..measuring import kv_compare, metrics
 from ..measuring.measure import Requests, handed_blocks, request_body, run_coro, spec_metrics
 from ..measuring.results import aggregate
@@ -140,6 +141,14 @@ async def _cut(send) -> str:
     return "during-d"
 
 
+async def idle(session: Session, cfg: ExperimentConfig) -> None:
+    """Until no server holds a request (an aborted one of the last trial included): a prefix
+    cache is only reset when no request holds its blocks (``Scheduler.reset_prefix_cache``)."""
+    async with httpx.AsyncClient(timeout=cfg.request_timeout_s) as client:
+        await Requests(client, {r: s.url for r, s in session.servers.items()}, cfg,
+                       "idle").wait_idle()
+
+
 def baseline_records(session: Session) -> dict[str, dict]:
     """The baseline's KV probe records of the pass just run, by prompt key."""
     replies = session.channel.kv_probe(session.servers, {"op": "records"})
@@ -155,9 +164,10 @@ def run(session: Session, scenario: Scenario, base: ExperimentConfig,
     t0 = time.monotonic()
     try:
         session.ensure(cfg)
-    except Exception as e:  # noqa: BLE001 - a shape whose servers cannot start: the trial's
+        started = time.monotonic() - t0
+        run_coro(idle(session, cfg))
+    except Exception as e:  # noqa: BLE001 - servers that cannot start, or stay busy
         return Trial(scenario, {}, seconds=time.monotonic() - t0, error=f"servers: {e}")
-    started = time.monotonic() - t0
     n = len(scenario.requests)
     rows = [row_of(i, r, cfg) for i, r in enumerate(scenario.requests)]
     first = [row_of(i, r, cfg) for i, r in enumerate(scenario.requests)]
@@ -192,8 +202,6 @@ def judge_all(result: dict, first: list[dict], kv: tuple[dict, dict], attribute_
     """Every request that ran to the end; an aborted one is listed with its abort only.
     ``first``: the rows of the first baseline pass; ``kv``: both baseline passes' probe
     records by prompt key."""
-    from ..knobs.kv_probe import prompt_key
-
     out = []
     for row, a in zip(result["requests"], first, strict=True):
         if "aborted" in row:
