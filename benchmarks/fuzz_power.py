@@ -97,7 +97,7 @@ def mutation(session: Session, out: Path, budget_s: float) -> dict:
         control[transfer] = sorted(book.failures)
     rows = {}
     for name, (knobs, transfer) in MUTATIONS.items():
-        book = hunt(session, out / name.replace(", ", "-").replace("=", "-"),
+        book = hunt(session, out / slug(name),
                     one_shape(transfer, knobs), budget_s, True,
                     stop=lambda b: bool(b.failures), only=only)
         hits = [book.hits[f"unexplained: {s}"] for s in book.failures]
@@ -156,9 +156,10 @@ def throughput(out: Path) -> dict:
             "start_share": round(starts / total, 3) if total else None}
 
 
-def leftover(runs: Path) -> dict[str, list[str]]:
-    """Each failure of an attribution-off run asked again with attribution: {failure hash:
-    the kinds no known finding explains} for those where some are left (new, or noise)."""
+def leftover(runs: Path, only=None) -> dict[str, list[str]]:
+    """Each failure of a run asked again with today's detectors (those in ``only``, when
+    given): {failure hash: the kinds no finding explains} for those where some are left. A
+    finding added after the run explains what it found."""
     out = {}
     for rec in sorted(runs.glob("failures/*/records.json")):
         doc = json.loads(rec.read_text())
@@ -166,23 +167,30 @@ def leftover(runs: Path) -> dict[str, list[str]]:
         left = set()
         for j in doc["judged"]:
             if j.get("unexplained") and j["id"] in rows:
-                kinds = {k for ks in attribute.present_in(doc["result"], rows[j["id"]]).values()
-                         for k in ks}
-                left |= set(j["unexplained"]) - kinds
+                found = attribute.present_in(doc["result"], rows[j["id"]], only)
+                left |= set(j["unexplained"]) - {k for ks in found.values() for k in ks}
         if left:
             out[rec.parent.name] = sorted(left)
     return out
 
 
+def slug(name: str) -> str:
+    return name.replace(", ", "-").replace("=", "-")
+
+
 def report(doc: dict, out: Path) -> None:
     m = (doc.get("mutation") or {}).get("mutations") or {}
     if m:
-        caught = sum(r["caught"] for r in m.values())
-        print(f"mutation score: {caught}/{len(m)} caught "
-              f"(control signatures: {doc['mutation']['control']})")
+        only = doc["mutation"].get("attributed_to")
+        now = {name: bool(leftover(out / slug(name), only)) for name in m}
+        print(f"mutation score: {sum(now.values())}/{len(m)} caught, asked again with "
+              f"today's detectors ({sum(r['caught'] for r in m.values())} as the run judged; "
+              f"control runs left {doc['mutation']['control']} unexplained)")
         for name, r in m.items():
-            print(f"  {name:30} {'caught' if r['caught'] else 'missed':7} "
-                  f"{r['minutes_to_catch']} min, smallest {r['smallest']}, {r['trials']} trials")
+            print(f"  {name:30} {'caught' if now[name] else 'missed':7} "
+                  f"{r['minutes_to_catch']} min, smallest {r['smallest']}, {r['trials']} "
+                  f"trials" + ("" if now[name] == r["caught"] else
+                               f"; the run's catch {r['signatures']} is a finding's now"))
     if r := doc.get("rediscovery"):
         print(f"rediscovery (minutes of budget, {r['budget_min']:.0f} min budget): "
               f"{r['minutes_to_find']}; failures {r['failures']}; left unexplained when "

@@ -251,3 +251,19 @@ def test_a_space_longer_than_the_servers_model_length_is_refused_before_any_star
                                           "max_model_len=1024"):
         fits(Space(max_prompt_len=1000), base_config_for())
     fits(Space(), base_config_for())
+
+
+def test_attribution_keeps_the_earlier_requests_prompts_for_a_detector_that_needs_them():
+    same = {"identical": True, "groups_differing": [], "positions_differing": {}}
+    stale = {"identical": False, "groups_differing": ["drafter"],
+             "positions_differing": {"model.layers.8.self_attn.attn": [[31, 31]]}}
+    a = {"id": "r0", "prompt_token_ids": list(range(3, 35)), "prompt_len": 32,
+         "kv_probe": {"vs_p": same, "vs_baseline": same}, "extra_pd_drafts": 0}
+    b = {"id": "r1", "prompt_token_ids": list(range(3, 35)) + [7] * 32, "prompt_len": 64,
+         "kv_probe": {"vs_p": stale, "vs_baseline": same}, "extra_pd_drafts": 0}
+    result = {"config": {"profile": "cpu", "block_size": 32, "knobs": {"connector": "nixl"}},
+              "requests": [a, b]}
+    assert "prefix-cache-drafter-kv" in attribute.present_in(result, b)
+    assert attribute.present_in(result, a) == {}
+    one = attribute.narrowed(result, b)["requests"][0]
+    assert set(one) == {"id", "prompt_token_ids", "prompt_len"}  # no measurement of r0

@@ -17,9 +17,17 @@ def applies(f: Finding, config: dict[str, Any]) -> bool:
             and (not f.connectors or knobs.get("connector") in f.connectors))
 
 
+# What the other requests keep in a one-request result: who they are and what they sent, for
+# a detector that asks what came before (a shared prefix), never what they measured.
+CONTEXT = ("id", "prompt_token_ids", "prompt_len", "prime_d")
+
+
 def narrowed(result: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """``result`` judged on ``row`` alone: the other requests keep only ``CONTEXT``, in order."""
     agree = row.get("agree")
-    return {**result, "requests": [row],
+    reqs = [r if r is row else {k: r[k] for k in CONTEXT if k in r}
+            for r in result.get("requests") or []]
+    return {**result, "requests": reqs if any(r is row for r in reqs) else [row],
             "token_agreement": None if agree is None else float(agree)}
 
 
