@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hseed
 
 from workbench.config import ConfigError, ExperimentConfig
+from workbench.findings import FINDINGS
 from workbench.fuzz import attribute, oracle
 from workbench.fuzz.command import parse_budget
 from workbench.fuzz.hunt import Hunt
@@ -267,3 +268,17 @@ def test_attribution_keeps_the_earlier_requests_prompts_for_a_detector_that_need
     assert attribute.present_in(result, a) == {}
     one = attribute.narrowed(result, b)["requests"][0]
     assert set(one) == {"id", "prompt_token_ids", "prompt_len"}  # no measurement of r0
+
+
+def test_only_the_builds_findings_and_regressions_re_created_by_their_knob_may_explain():
+    def result(**knobs):
+        return {"vllm_release": "0.32.0", "config": {"knobs": knobs}}
+
+    plain = attribute.may_explain(result())
+    assert {"padded-load-step", "prefix-cache-drafter-kv"} <= plain
+    assert not plain & {"unclipped-handoff", "stale-last-block", "eager-finalize-host-staged"}
+    assert "unclipped-handoff" in attribute.may_explain(result(block_handoff="legacy"))
+    assert "eager-finalize-host-staged" not in attribute.may_explain(result(finalize="eager"))
+    assert "eager-finalize-host-staged" in attribute.may_explain(
+        result(finalize="eager", transfer="host-staged"))
+    assert attribute.may_explain({"config": {}}) == set(FINDINGS)  # no build: every finding

@@ -1,14 +1,22 @@
 """Which known findings explain a request's differences: each finding's own detector, asked
 about a result narrowed to that one request (the detectors read ``result.json`` rows, so
-one row is a result they can judge)."""
+one row is a result they can judge).
+
+Only the findings the build has may explain (its expectations say ``present``), and a
+regression the build must not have (``absent``) only where the knob that re-creates it (its
+positive control's) is in force: a regression's detector that fires anywhere else is news,
+not an explanation (two detectors can read the same shape of difference).
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from typing import Any
 
-from ..findings import FINDINGS
-from ..findings.finding import PRESENT, Finding
+from ..config import ConfigError
+from ..findings import FINDINGS, check
+from ..findings.finding import ABSENT, PRESENT, Finding
 
 
 def applies(f: Finding, config: dict[str, Any]) -> bool:
@@ -31,15 +39,40 @@ def narrowed(result: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
             "token_agreement": None if agree is None else float(agree)}
 
 
+@functools.cache
+def expected(entry: str | None) -> dict[str, str]:
+    """The committed verdicts of a build's table entry (none: every finding may explain)."""
+    try:
+        return check.expectations(None, entry)[1].get("findings", {}) if entry else {}
+    except ConfigError:
+        return {}
+
+
+def re_created(f: Finding, knobs: dict[str, str]) -> bool:
+    """Whether the knobs of ``f``'s positive control are all in force."""
+    want = (f.positive or {}).get("knobs") or {}
+    return bool(want) and all(knobs.get(k) == v for k, v in want.items())
+
+
+def may_explain(result: dict[str, Any]) -> set[str]:
+    """The findings that may explain a difference in ``result`` (see the module's doc)."""
+    verdicts = expected(result.get("vllm_release"))
+    knobs = (result.get("config") or {}).get("knobs") or {}
+    return {f.id for f in FINDINGS.values() if not verdicts
+            or verdicts.get(f.id) == PRESENT
+            or (verdicts.get(f.id) == ABSENT and re_created(f, knobs))}
+
+
 def present_in(result: dict[str, Any], row: dict[str, Any],
                only: Collection[str] | None = None) -> dict[str, tuple[str, ...]]:
-    """{finding id: the kinds it explains} for the findings (those in ``only``, when given)
-    present in ``row``. A detector that cannot read a one-request result (raises) explains
-    nothing there."""
+    """{finding id: the kinds it explains} for the findings (those in ``only``, else
+    ``may_explain``) present in ``row``. A detector that cannot read a one-request result
+    (raises) explains nothing there."""
+    only = may_explain(result) if only is None else only
     one = narrowed(result, row)
     out = {}
     for f in FINDINGS.values():
-        if only is not None and f.id not in only:
+        if f.id not in only:
             continue
         if not f.explains or not applies(f, result.get("config") or {}):
             continue
