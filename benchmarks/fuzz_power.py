@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 from workbench.experiment import Session
-from workbench.fuzz import attribute, command, trial
+from workbench.fuzz import attribute, command, oracle, trial
 from workbench.fuzz.hunt import Hunt
 from workbench.fuzz.records import Book
 from workbench.fuzz.space import Space
@@ -113,15 +113,19 @@ def mutation(session: Session, out: Path, budget_s: float) -> dict:
 
 def rediscovery(session: Session, out: Path, budget_s: float) -> dict:
     first: dict[str, float] = {}
+    sig: dict[str, str] = {}  # finding -> the signature of the request it explained first
 
     def seen(book: Book, t) -> None:
         for j, row in zip(t.judged, t.result.get("requests") or [], strict=False):
             if j.unexplained:
                 for f in attribute.present_in(t.result, row):
                     first.setdefault(f, round(book.spent() / 60, 2))
+                    sig.setdefault(f, oracle.signature(j))
 
-    book = hunt(session, out / "rediscovery", Space(), budget_s, False,
-                stop=lambda b: all(f in first for f in REDISCOVER), seen=seen)
+    def done(b: Book) -> bool:  # each found, and its failure written (shrunk) as well
+        return all(f in first and sig[f] in b.failures for f in REDISCOVER)
+
+    book = hunt(session, out / "rediscovery", Space(), budget_s, False, stop=done, seen=seen)
     return {"minutes_to_find": {f: first.get(f) for f in REDISCOVER},
             "other_explained": {f: m for f, m in first.items() if f not in REDISCOVER},
             "failures": sorted(book.failures), "trials": book.trials,
