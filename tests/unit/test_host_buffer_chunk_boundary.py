@@ -108,3 +108,12 @@ def test_the_default_sweeps_host_staged_points_keep_every_prefill_whole():
         cfg = sweep.point_config(ExperimentConfig(num_prompts=SWEEP_NUM_PROMPTS), pt)
         assert cfg.num_prompts == 64 and cfg.concurrency == 12
         assert chunking_note(cfg, prompts.for_config(cfg)) is None, pt.name
+
+
+def test_a_prefix_cache_hit_on_p_moves_the_lost_positions_with_it():
+    # measured (fuzz, host staging, P at 96 tokens a step): a 223-token prompt with a
+    # 64-token hit on P ran in chunks [96, 63]; D lost exactly positions 160..191
+    from workbench.findings.host_buffer_chunk_boundary import lost_positions
+
+    assert lost_positions([96, 63], 223, 32, 1, start=64) == set(range(160, 192))
+    assert lost_positions([96, 63], 159, 32, 1) == set(range(96, 128))  # no hit: from 0

@@ -16,16 +16,18 @@ def lookahead(config: dict[str, Any]) -> int:
     return 0 if knobs.get("prefill_lookahead", "default") == "0" else int(config.get("k_p", 1))
 
 
-def lost_positions(chunks: list[int] | None, n: int, block_size: int, ahead: int) -> set[int]:
+def lost_positions(chunks: list[int] | None, n: int, block_size: int, ahead: int,
+                   start: int = 0) -> set[int]:
     """The prompt positions (< ``n``) written into a block in a step after the step that
-    allocated it, for a prefill run in ``chunks`` (tokens per step). A step allocates the
+    allocated it, for a prefill run in ``chunks`` (tokens per step) from position ``start``
+    (P's prefix-cache hit before it: whole blocks P held already). A step allocates the
     blocks that hold its chunk and ``ahead`` lookahead slots past it, and P copies to the host
     buffer, once, the blocks a step newly allocated: these positions never reach D."""
     if not chunks:
         return set()
-    alloc: dict[int, int] = {}  # block -> the step that allocated it
-    step_of: list[int] = []
-    end = 0
+    alloc = dict.fromkeys(range(start // block_size), -1)  # block -> the step allocating it
+    step_of: list[int] = [-1] * start
+    end = start
     for step, size in enumerate(chunks):
         step_of += [step] * size
         end += size
@@ -42,7 +44,8 @@ def detect(result: dict) -> Detection:
     """
     config = result.get("config") or {}
     bs, ahead = int(config.get("block_size", 32)), lookahead(config)
-    t = tally_vs_p(result, lambda chunks, n: lost_positions(chunks, n, bs, ahead), every_layer)
+    t = tally_vs_p(result, lambda chunks, n: lost_positions(
+        chunks, n, bs, ahead, start=max(0, n - sum(chunks))), every_layer)
     evidence = {"requests_probed": t.probed, "requests_chunked_on_p": t.chunked,
                 "requests_predicted_to_lose_slots": t.predicted,
                 "requests_differing_exactly_there": t.exact,
