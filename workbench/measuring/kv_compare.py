@@ -249,7 +249,9 @@ def summary(rows: list[dict], layer_groups: dict[str, str] | None = None) -> dic
 NOISE_FLOOR = ("bit-identical (equal digests). Measured on the CPU with every fix in place: D "
                "equals P and the baseline bit for bit in every layer, except the EAGLE3 "
                "drafter's KV at one position of a request whose prefill was chunked on P or "
-               "on the baseline (kv_probe.prefill_chunks; README, 'The KV probe')")
+               "on the baseline (kv_probe.prefill_chunks), and at the last slot of a block "
+               "reused from a prefix cache after another prompt parted from it there "
+               "(docs/kv-probe.md)")
 
 
 def _median(values: list) -> float | None:
