@@ -20,8 +20,8 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 # The default shape only (the shared servers' own), small requests: a few seconds a trial.
 SPACE = Space(budget_p=(None,), budget_d=(None,), k_p=(1,), block_size=(32,),
               kv_cache_mib=(256,), padded_drafter_batch=(True,), transfer=("direct",),
-              knobs={"block_handoff": "legacy"}, max_requests=3, max_prompt_len=160,
-              max_new_tokens=16, shape_trials=6)
+              knobs={"block_handoff": "legacy"}, max_requests=2, max_prompt_len=96,
+              max_new_tokens=8, shape_trials=3)
 
 
 def test_a_short_fuzz_run_finds_the_legacy_handoff_shrinks_and_replays_it(
@@ -30,7 +30,7 @@ def test_a_short_fuzz_run_finds_the_legacy_handoff_shrinks_and_replays_it(
     book = Book.open(out, {"space": SPACE.to_dict(), "seed": 0, "attribute": False})
     pool, vocab = pool_and_vocab(base_cfg)
     Hunt(book, SPACE, lambda sc: trial.run(pd_session, sc, base_cfg, False), base_cfg,
-         budget_s=180, seed=0, pool=pool, vocab=vocab, shrink_s=45).go()
+         budget_s=120, seed=0, pool=pool, vocab=vocab, shrink_s=20).go()
     found = [s for s in book.failures if s.startswith("kv_vs_p:")]
     assert found, f"no hand-off difference in {book.trials} trials: {book.failures}"
     case = out / "failures" / book.failures[found[0]]
