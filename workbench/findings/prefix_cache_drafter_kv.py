@@ -5,17 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..measuring.results import first_diff
 from .finding import KV_PROBE_READER, Detection, Finding, decide, differing, rows
-
-
-def shared(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two prompts share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def prefixes(result: dict[str, Any], row: dict[str, Any]) -> list[int]:
@@ -27,7 +18,8 @@ def prefixes(result: dict[str, Any], row: dict[str, Any]) -> list[int]:
     for other in rows(result, "prompt_token_ids"):
         if other is row:
             break
-        n = shared(mine, other["prompt_token_ids"])
+        d = first_diff(mine, other["prompt_token_ids"])
+        n = len(mine) if d is None else d  # the tokens they share
         if bs <= n < len(mine):
             out.append(n)
     return out

@@ -25,7 +25,7 @@ from ..inputs.prompts import Prompt, apply_double_bos, bad_case, load_tokenizer
 from ..knobs import connector as kv_connector
 from ..knobs.kv_probe import prompt_key
 from ..measuring import kv_compare, metrics
-from ..measuring.measure import Requests, handed_blocks, request_body, run_coro, spec_metrics
+from ..measuring.measure import Requests, p_fields, request_body, run_coro, spec_metrics
 from ..measuring.results import aggregate
 from ..serving.proxy import decode_request, prefill_request
 from . import attribute, oracle
@@ -95,10 +95,7 @@ class Sender:
                                   json=prefill_request(body, self.flow), headers=head)
         p.raise_for_status()
         p_resp = p.json()
-        params = p_resp.get("kv_transfer_params") or {}
-        out = {"p_spec": spec_metrics(p_resp), "p_remote_num_tokens":
-               params.get("remote_num_tokens"),
-               "p_handed_blocks": handed_blocks(params.get("remote_block_ids"))}
+        out = p_fields(p_resp)
         if r.abort == "after-p":
             return {**out, "aborted": "after-p"}
         send = req.client.post(f"{self.urls['d']}/v1/completions",
@@ -107,8 +104,9 @@ class Sender:
             return {**out, "aborted": await _cut(send)}
         d = await send
         d.raise_for_status()
-        spec = spec_metrics(d.json())
-        return {**out, "pd_tokens": d.json()["choices"][0]["token_ids"], "pd_spec": spec,
+        d_resp = d.json()
+        spec = spec_metrics(d_resp)
+        return {**out, "pd_tokens": d_resp["choices"][0]["token_ids"], "pd_spec": spec,
                 "pd": metrics.counts_from_steps(spec) if spec else None}
 
     async def prime(self, req: Requests, i: int, r: Request) -> None:

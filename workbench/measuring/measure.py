@@ -96,6 +96,15 @@ def handed_blocks(remote_block_ids) -> int | None:
     return len(first) if isinstance(first, (list, tuple)) else len(remote_block_ids)
 
 
+def p_fields(p_resp: dict) -> dict:
+    """What a request row keeps of P's response: its spec-decode metrics and what it handed
+    D (``kv_transfer_params``: the block count and the tokens)."""
+    params = p_resp.get("kv_transfer_params") or {}
+    return {"p_spec": spec_metrics(p_resp),
+            "p_handed_blocks": handed_blocks(params.get("remote_block_ids")),
+            "p_remote_num_tokens": params.get("remote_num_tokens")}
+
+
 def request_body(cfg: ExperimentConfig) -> dict[str, Any]:
     """Greedy completions that return token ids (``temperature=0, top_p=1``, as vLLM's test)."""
     return {"model": cfg.target, "max_tokens": cfg.max_tokens, "temperature": 0.0,
@@ -188,13 +197,10 @@ class Requests:
         p_resp, d_resp = await pd_complete(self.client, self.urls["p"], self.urls["d"], body,
                                            f"{self.tag}-pd-{p.id}", timings=legs,
                                            flow=kv_connector.flow(self.cfg.knobs))
-        params = p_resp.get("kv_transfer_params") or {}
         return {"pd_seconds": time.monotonic() - t, "p_seconds": legs["p"],
                 "d_seconds": legs["d"],
                 "pd_tokens": d_resp["choices"][0]["token_ids"],
-                "pd_spec": spec_metrics(d_resp), "p_spec": spec_metrics(p_resp),
-                "p_handed_blocks": handed_blocks(params.get("remote_block_ids")),
-                "p_remote_num_tokens": params.get("remote_num_tokens")}
+                "pd_spec": spec_metrics(d_resp), **p_fields(p_resp)}
 
     async def prime(self, prompts: list[Prompt]) -> None:
         """D computes these prompts itself first and caches their blocks, so the PD request
