@@ -9,7 +9,7 @@ STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases check check-devbuild connectors check-connectors fuzz fuzz-power
+.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases check check-devbuild connectors check-connectors fuzz fuzz-power history
 
 setup: $(STAMP)
 
@@ -115,6 +115,14 @@ fuzz-power: setup
 RELEASE ?= 0.24.0
 releases: setup
 	$(PY) -m workbench releases --vllm $(RELEASE)
+
+# Every finding natively on every minor release from 0.19 to the installed one (docs/history.md):
+# each release's environment (uv, cached), its servers observe-only, history/<release>/check.json,
+# data/releases/findings-matrix.csv and its figure. A release already recorded is kept (delete
+# its check.json to rerun it). About 90 minutes on 2 cores.
+HISTORY_ARGS ?= --all
+history: setup
+	$(PY) -m workbench releases --check $(HISTORY_ARGS)
 
 # The known findings on the installed vLLM build (any build: see `python -m workbench check
 # --help`): the table, CHECK_OUT/check.json, JUnit XML and issue-ready reports; exit 1 when a

@@ -24,7 +24,10 @@ T0=$(date +%s)
 UV=$R/.venvs/uv-tool/bin/uv
 T1=$(date +%s)
 $UV venv --python python3.11 $V
-$UV pip install --python $V/bin/python "torch==$TORCH"
+# The exact +cpu build the release pins where a local wheel folder has it (WHEELS, default
+# /opt/wheels), else PyPI's plain build of that version.
+LOCAL=$(ls ${WHEELS:-/opt/wheels}/torch-$TORCH+cpu-cp311-*.whl 2>/dev/null | head -1 || true)
+$UV pip install --python $V/bin/python "${LOCAL:-torch==$TORCH}"
 T2=$(date +%s)
 $UV pip install --python $V/bin/python --no-deps "$W"
 $UV pip install --python $V/bin/python -r $C/requirements-notorch.txt nixl==1.5.1

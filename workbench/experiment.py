@@ -148,20 +148,7 @@ class Session:
             raise ConfigError(f"attach mode: no URL given for role(s) {missing}")
         for r in cfg.roles():
             self.servers[r].wait_ready(30)
-        self.check_prefix_reset(cfg.roles())
-
-    def check_prefix_reset(self, roles: list[str]) -> None:
-        """Attach mode without the plugin's channel: each run resets the servers' prefix caches
-        over vLLM's ``/reset_prefix_cache`` (``reset_prefix_caches``), which only dev-mode
-        servers serve. Probed once per role before the first request, so servers without it
-        are refused with one line (``servers.no_prefix_reset``), not a traceback mid-run."""
-        if not isinstance(self.channel, channels.NoChannel):
-            return
-        todo = [r for r in roles if r not in self.prefix_reset_checked]
-        missing = [self.servers[r] for r in todo if not self.servers[r].has_reset_prefix_cache()]
-        if missing:
-            raise no_prefix_reset(missing)
-        self.prefix_reset_checked.update(todo)
+        check_prefix_reset(self, cfg.roles())
 
     def stop(self) -> None:
         self.fleet.stop()
@@ -198,13 +185,21 @@ class Session:
                 s.reset_prefix_cache()
 
     # --- one run -------------------------------------------------------------------------
+    def check_build(self, cfg: ExperimentConfig) -> None:
+        """Before anything starts: a knob this build refuses; Hub ids before the tokenizer."""
+        if not self.attached:
+            check_vllm_release(cfg.knobs)
+            models.fetch([cfg.target, cfg.drafter])
+
+    def describe(self, result: Result) -> Result:
+        """The run's result as its servers make it (another environment's vLLM: its own)."""
+        return result
+
     def run(self, cfg: ExperimentConfig, progress: Progress | None = None,
             command: str | None = None, out_dir: str | Path | None = None) -> Result:
         cfg.validate()
         t0 = time.monotonic()
-        if not self.attached:  # a knob this build refuses; Hub ids before the tokenizer
-            check_vllm_release(cfg.knobs)
-            models.fetch([cfg.target, cfg.drafter])
+        self.check_build(cfg)
         plist = prompt_sets.for_config(cfg)
         check_prompt_lengths(cfg, plist)  # a notebook's run too, before servers start
         if progress and self.needs_start(cfg):
@@ -213,8 +208,8 @@ class Session:
         self.reset_prefix_caches()
         if progress:
             progress("knobs", 0, 1)
-        result = new_result(cfg, command, len(plist), self.apply_knobs(cfg),
-                            self.startup_seconds)
+        result = self.describe(new_result(cfg, command, len(plist), self.apply_knobs(cfg),
+                                          self.startup_seconds))
         result.requests = rows = [_row(p, cfg) for p in plist]
         if note := chunking_note(cfg, plist):
             result.notes.append(note)
@@ -250,6 +245,20 @@ class Session:
             result.wall_seconds = time.monotonic() - t0
             finish(result, rows, self.in_force, out_dir, failing=not result.complete)
         return result
+
+def check_prefix_reset(session: Session, roles: list[str]) -> None:
+    """Attach mode without the plugin's channel: each run resets the servers' prefix caches
+    over vLLM's ``/reset_prefix_cache`` (``reset_prefix_caches``), which only dev-mode
+    servers serve. Probed once per role before the first request, so servers without it
+    are refused with one line (``servers.no_prefix_reset``), not a traceback mid-run."""
+    if not isinstance(session.channel, channels.NoChannel):
+        return
+    todo = [r for r in roles if r not in session.prefix_reset_checked]
+    missing = [session.servers[r] for r in todo if not session.servers[r].has_reset_prefix_cache()]
+    if missing:
+        raise no_prefix_reset(missing)
+    session.prefix_reset_checked.update(todo)
+
 
 def died_note(servers: dict[str, Any]) -> str:
     """Which servers are gone (a killed or crashed P or D fails the run's requests)."""

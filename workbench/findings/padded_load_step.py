@@ -6,16 +6,30 @@ from .finding import ABSENT, INCONCLUSIVE, PRESENT, Detection, Finding, rows
 
 
 def detect(result: dict) -> Detection:
-    """Per request, D's drafts minus the baseline's (``extra_pd_drafts``) and what D accepted
-    at its first verify step: one extra draft, all rejected, in every request is ``present``;
-    none in any request is ``absent``."""
-    both = rows(result, "extra_pd_drafts")
+    """Per request whose tokens equal the baseline's, D's drafts minus the baseline's
+    (``extra_pd_drafts``) and what D accepted at its first verify step: one extra draft, all
+    rejected, in every such request is ``present``; none in any is ``absent``."""
+    counted = rows(result, "extra_pd_drafts")
+    # Draft counts compare only where D's tokens are the baseline's: another output drafts
+    # otherwise for its own reasons (another finding's request, on an old release).
+    both = [r for r in counted if r.get("agree", True)]
     extra = [r["extra_pd_drafts"] for r in both]
     first = [((r.get("pd_spec") or {}).get("per_step_accepted") or [None])[0] for r in both]
     evidence = {"requests": len(both), "requests_with_one_extra_draft": extra.count(1),
                 "extra_drafts": sum(extra), "d_first_step_accepted_zero": first.count(0),
                 "token_agreement": result.get("token_agreement")}
-    if both and all(e == 1 for e in extra) and all(a == 0 for a in first):
+    if len(both) < len(counted):
+        evidence["requests_whose_tokens_differ"] = len(counted) - len(both)
+    if both and all(a is None for a in first):
+        # No per-step counts (a release before --per-request-spec-decode-metrics, counted by
+        # /metrics scrapes): the extra draft was all rejected iff D accepted, per position,
+        # exactly what the baseline did.
+        rejected = [r["pd"]["accepted_per_pos"] == r["baseline"]["accepted_per_pos"]
+                    for r in both]
+        evidence["d_accepted_as_baseline"] = sum(rejected)
+    else:
+        rejected = [a == 0 for a in first]
+    if both and all(e == 1 for e in extra) and all(rejected):
         return PRESENT, evidence
     if both and all(e == 0 for e in extra):
         return ABSENT, evidence

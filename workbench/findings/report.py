@@ -23,7 +23,7 @@ from ..knobs import spec as knob_spec
 from ..measuring.results import Result
 from ..paths import REPO, portable
 from ..serving.plan import server_specs
-from . import FINDINGS
+from . import FINDINGS, timeline
 from .finding import PRESENT, Finding, control_status, controls_line
 
 TEMPLATE = Path(__file__).with_name("repro_template.py")
@@ -182,7 +182,8 @@ def page(f: Finding, o, build, result: dict, command: str, fig: str | None) -> s
     parts = [
         f"# {f.title}", "",
         f"Found with the PD + EAGLE3 acceptance workbench (finding `{f.id}`, first seen on vLLM "
-        f"{f.found_on}).", "", "## Environment", *environment(build, cfg.profile), "",
+        f"{f.found_on}).", *since_line(f), "", "## Environment",
+        *environment(build, cfg.profile), "",
         "## Where in vLLM", f.where, "",
         "## Observed (this run) against expected", f"Verdict: **{o.verdict}** (expected "
         f"{o.expected}); controls: {controls}.", "", "Evidence: `" + json.dumps(o.evidence) + "`",
@@ -204,6 +205,12 @@ def page(f: Finding, o, build, result: dict, command: str, fig: str | None) -> s
         parts += ["## Proposed fix", f"`{f.fix}` (`patch -p1` in the directory that holds the "
                   "`vllm` package):", "```diff", fix.read_text().rstrip(), "```", ""]
     return "\n".join(parts) + "\n"
+
+
+def since_line(f: Finding) -> list[str]:
+    """Since when the finding is present, as measured natively on each release."""
+    said = timeline.since(f.id)
+    return ["", f"Across releases: {said}."] if said else []
 
 
 def connector_flag(cfg: ExperimentConfig) -> str:

@@ -57,10 +57,15 @@ def _order(module: str, qual: str, snippets: tuple[str, ...]) -> Check:
     return Check("order", f"{module}:{qual}: " + " < ".join(snippets), run)
 
 
+def checks_for(targets, source=()) -> Iterator[Check]:
+    """The checks of one ``*_TARGETS`` tuple and its ``*_SOURCE`` facts."""
+    for module, cls, attr, expected in targets:
+        yield _target(module, cls, attr, expected)
+    for module, qual, snippets in source:
+        yield _order(module, qual, snippets)
+
+
 def patch_checks(release: Release) -> Iterator[Check]:
     """Every target and source fact of every patch set of ``release``, in table order."""
     for ps in release.patches.values():
-        for module, cls, attr, expected in resolve(ps.targets):
-            yield _target(module, cls, attr, expected)
-        for module, qual, snippets in resolve(ps.source) if ps.source else ():
-            yield _order(module, qual, snippets)
+        yield from checks_for(resolve(ps.targets), resolve(ps.source) if ps.source else ())

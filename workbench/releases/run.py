@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,12 +27,11 @@ from ..config import ConfigError
 from ..knobs.release import base_version, version_key, vllm_version
 from ..paths import REPO
 from ..provenance import atomic_write_text, git_commit
-from . import compare, figure, native_result, survey, table, trial
+from . import compare, figure, history, matrix, native_result, survey, table, trial
+from .envs import env_python
 
 DEFAULT_RELEASES = ("0.24.0",)
 DEFAULT_PROMPT_SET, DEFAULT_PROMPTS = "badcase", 32  # half the requests in the bad case
-BUILD = REPO / "scripts" / "build-release-env.sh"
-VENVS = REPO / ".venvs"
 COMMAND = "python -m workbench releases"  # what results.csv and the figures record
 
 
@@ -57,15 +55,6 @@ def check_releases(versions: list[str], records: dict[str, dict]) -> list[str]:
         else:
             out.append(v)
     return out
-
-
-def env_python(version: str) -> Path:
-    """The release's environment's Python, built first if it is not there."""
-    python = VENVS / f"vllm-{version}" / "bin" / "python"
-    if not python.is_file():
-        print(f"building {python.parent.parent} (uv; about 6 GB)", flush=True)
-        subprocess.run(["bash", str(BUILD), version], check=True)
-    return python
 
 
 def native(version: str, prompt_set: str, n: int, out: Path, per_request: bool) -> Path:
@@ -114,6 +103,14 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap.add_argument("--out", default=str(compare.RELEASES_DIR))
     ap.add_argument("--aggregate-only", action="store_true",
                     help="only rebuild results.csv and the figures from the runs under --out")
+    ap.add_argument("--check", action="store_true",
+                    help="every finding natively on each release of --vllm (or --all): "
+                    "history/<release>/check.json, findings-matrix.csv and its figure")
+    ap.add_argument("--all", action="store_true",
+                    help=f"with --check: {', '.join(history.ALL_RELEASES)}")
+    ap.add_argument("--only", help="with --check: comma-separated finding ids (default: all)")
+    ap.add_argument("--log-dir", default=str(REPO / ".cache" / "history"),
+                    help="with --check: the servers' logs, per release (default: %(default)s)")
     return ap
 
 
@@ -121,6 +118,13 @@ def execute(args: argparse.Namespace, command: str) -> int:
     """Native runs and knob settings for ``args.vllm`` (unless ``--aggregate-only``), then the
     table and the figures."""
     out = Path(args.out)
+    if args.check:
+        versions = history.releases_arg(None if args.all else args.vllm, args.all)
+        history.run(versions, args.only, out, command, Path(args.log_dir))
+        print(matrix_table(out), flush=True)
+        return 0
+    if args.all or args.only:
+        raise ConfigError("--all and --only go with --check")
     if not args.aggregate_only:
         records = survey.load()
         for v in check_releases([x.strip() for x in args.vllm.split(",")], records):
@@ -133,6 +137,14 @@ def execute(args: argparse.Namespace, command: str) -> int:
                                       "token_agreement", "signature_agrees"]]
           .to_string(index=False))
     return 0
+
+
+def matrix_table(out: Path) -> str:
+    """The matrix as releases across, findings down, one word per verdict."""
+    df = pd.read_csv(out / matrix.CSV_NAME, comment="#")
+    grid = df.pivot(index="finding", columns="release", values="verdict")
+    cols = sorted(grid.columns, key=version_key)
+    return grid[cols].reindex(list(dict.fromkeys(df["finding"]))).to_string()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,6 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +57,7 @@ LOG_KEEP = ("Error", "error", "Traceback", "WARNING", "workbench release fixes",
             "Model Runner", "SpecDecoding metrics", "Exception", "raise ", "assert")
 
 
-@dataclass
-class OldSpec(ServerSpec):
-    """A CPU-profile server spec run by another environment's Python."""
-
-    python: str = sys.executable
-
-    def command(self) -> list[str]:
-        cmd = super().command()
-        return [self.python, *cmd[1:]]
+OldSpec = ServerSpec  # a CPU-profile spec with ``python`` set to the old environment's
 
 
 def specs_for(python: str, log_dir: Path, per_request_metrics: bool,

@@ -9,13 +9,14 @@ and D, against 79-87 s for all three (``benchmarks/sweep_time.py``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from ..config import ConfigError, ExperimentConfig
 from ..inputs import models
 from ..knobs import build, release
 from . import channels, plan
-from .servers import VllmServer, start_all
+from .servers import ServerSpec, VllmServer, start_all
 
 
 def check_vllm_release(knobs: dict[str, str] | None = None) -> build.Build:
@@ -42,6 +43,9 @@ class ServerSet:
         self.servers: dict = {}  # role -> VllmServer (RemoteServer when attached)
         self.keys: dict[str, tuple] = {}  # role -> the server_key its server runs
         self.startup_seconds: dict[str, float] = {}
+        # Each spec as another environment runs it (``releases/native.py``: an old release's
+        # Python, the plugin observe-only); None: this environment's vLLM with the knobs.
+        self.adapt: Callable[[ServerSpec], ServerSpec] | None = None
 
     def stale(self, cfg: ExperimentConfig) -> list[str]:
         """The roles of ``cfg`` whose server is missing, dead or of another shape."""
@@ -64,10 +68,13 @@ class ServerSet:
     def _start(self, cfg: ExperimentConfig, roles: list[str]) -> None:
         models.fetch([cfg.target, cfg.drafter])  # Hub ids once, not by each server
         knobs_file = getattr(self.channel, "knobs_file", None)
-        verdict = check_vllm_release(cfg.knobs) if knobs_file is not None else None
+        verdict = (check_vllm_release(cfg.knobs)
+                   if knobs_file is not None and self.adapt is None else None)
         specs = plan.server_specs(cfg, self.log_dir, knobs_file=knobs_file,
                                   state_dir=getattr(self.channel, "state_dir", None),
                                   dev_mode=self.dev_mode, roles=roles)
+        if self.adapt is not None:
+            specs = [self.adapt(s) for s in specs]
         for spec in specs if verdict is not None else ():
             spec.extra_env.update(build.env(verdict))  # the plugin applies the same verdict
         self.log_dir.mkdir(parents=True, exist_ok=True)

