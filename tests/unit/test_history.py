@@ -102,8 +102,7 @@ def test_releases_are_given_by_number_or_all():
 def test_the_committed_matrix_covers_every_minor_release_with_known_verdicts():
     """``data/releases/findings-matrix.csv``: every finding on every release of the history,
     verdicts of the checked vocabulary, and the installed release's as its expectations."""
-    df = matrix.frame(history.records_under(DATA / "releases"),
-                      matrix.run_sources(DATA / "releases"))
+    df = matrix.frame(history.records_under(DATA / "releases"))
     assert set(df["release"]) == set(history.ALL_RELEASES)
     assert set(df["finding"]) == set(FINDINGS) and set(df["verdict"]) <= set(VERDICTS)
     committed = (DATA / "releases" / matrix.CSV_NAME).read_text().splitlines()
@@ -148,7 +147,9 @@ def test_a_release_that_cannot_start_is_recorded_with_its_root_cause(tmp_path):
     after = "(APIServer pid=1) RuntimeError: Engine core initialization failed."
     for role in ("p", "d"):
         (tmp_path / f"{role}.log").write_text("\n".join((warn, root, after)) + "\n")
-    (tmp_path / "baseline.log").write_text(warn + "\n")
+    (tmp_path / "baseline.log").write_text("\n".join((
+        warn, "[workbench.serving.reaper] stopping server tree: SIGTERM",
+        "(APIServer pid=4) BrokenPipeError: [Errno 32] Broken pipe")) + "\n")
     assert history.start_failure(tmp_path) == "d, p: AssertionError: spec decode is not supported."
     assert history.start_failure(tmp_path / "none") is None  # a timeout: no vLLM exception
 
@@ -185,3 +186,35 @@ def test_a_native_session_refuses_a_knob_or_the_kv_probe_before_any_server_start
         with pytest.raises(ConfigError, match="KV probe"):
             s.check_build(ExperimentConfig.for_profile("cpu", kv_probe=True))
         assert not s.servers
+
+
+def test_a_run_that_dies_in_vllm_stops_the_release_and_names_the_root_cause(tmp_path):
+    """The runs after one that failed with an exception in a server log are not tried (the
+    release cannot run the pipeline; each would restart the servers to fail again); a failure
+    with no such exception (a timeout) lets the next run go."""
+    class Dying:
+        log_dir = tmp_path / "logs"
+
+        def __init__(self):
+            self.ran = []
+
+        def run(self, cfg, out_dir=None, command=None):
+            self.ran.append(out_dir.name)
+            raise RuntimeError("the baseline server died during the run")
+
+    f = FINDINGS["padded-load-step"]
+    order = [(k, c) for k, c in ((check.key(c), c) for c in
+                                 (history.plan_finding(FINDINGS[i], BASE).runs["main"]
+                                  for i in ("padded-load-step", "unclipped-handoff")))]
+    uses = {i: {"main": k} for i, (k, _) in zip(("padded-load-step", "unclipped-handoff"),
+                                                order, strict=True)}
+    Dying.log_dir.mkdir()
+    s = Dying()
+    done, broken = history.execute(s, order, uses, tmp_path / "out", "cmd", lambda m: None)
+    assert broken is None and len(s.ran) == 2  # no exception in the logs: both tried
+    (Dying.log_dir / "baseline.log").write_text(
+        "(Worker pid=3) ERROR [x.py:1] TypeError: Cannot inspect kernel parameters for function\n")
+    s = Dying()
+    done, broken = history.execute(s, order, uses, tmp_path / "out", "cmd", lambda m: None)
+    assert s.ran == [f"{f.id}-main"] and "TypeError: Cannot inspect kernel" in broken
+    assert done.failed and not any(done.results.values())

@@ -32,7 +32,7 @@ from ..config import ConfigError, ExperimentConfig
 from ..findings import check
 from ..findings.finding import INCONCLUSIVE, NOT_APPLICABLE, Finding
 from ..knobs.release import base_version, version_key, vllm_version
-from ..paths import DATA, REPO, portable
+from ..paths import DATA, REPO, portable, resolve
 from ..provenance import atomic_write_json
 from . import matrix, survey
 from .envs import env_python
@@ -47,6 +47,7 @@ CONNECTOR = "nixl"  # the transfer path every native run takes (NIXL pull)
 # Without the plugin's NIXL progress delay idle P and D busy-poll: three servers starting at
 # once on two cores took up to 6 minutes, past ``ExperimentConfig``'s 300 s.
 STARTUP_S = 900.0
+STOPPED = "[workbench.serving.reaper] stopping server tree"  # written into a log at its stop
 HISTORY_DOC = REPO / "docs" / "history.md"  # its matrix table follows the committed records
 
 
@@ -104,11 +105,12 @@ def not_applicable(fid: str, why: str) -> check.Outcome:
 
 def start_failure(log_dir: Path) -> str | None:
     """Each server log's first raised exception (the root cause; what follows it is the API
-    server reporting the engine's failure): why a release's servers did not start."""
+    server reporting the engine's failure; after the reaper stopped a server, only what the
+    stop caused): why a release's servers did not start."""
     pat = re.compile(r"\b\w+(Error|Exception): .*")
     by_error: dict[str, list[str]] = {}
     for log in sorted(log_dir.glob("*.log")):
-        lines = log.read_text(errors="replace").splitlines()
+        lines = log.read_text(errors="replace").split(STOPPED, 1)[0].splitlines()
         hits = [m.group(0) for ln in lines if " WARNING " not in ln and (m := pat.search(ln))]
         if hits:
             by_error.setdefault(hits[0][:300], []).append(log.stem)
@@ -197,21 +199,44 @@ def check_release(version: str, findings: list[Finding], out: Path, command: str
             why = f"servers did not start: {cause}"
             print(f"[history] {version}: {why}", flush=True)
             return _unrunnable(version, vv, why, findings, t0, env, plans)
-        done = check.execute(session, order, uses, out, command,
-                             progress=lambda m: print(f"[history {version}] {m}", flush=True))
+        done, broken = execute(session, order, uses, out, command,
+                               lambda m: print(f"[history {version}] {m}", flush=True))
     outs = []
     for f in findings:
-        p = plans[f.id]
-        if p.why_not:
-            outs.append(not_applicable(f.id, p.why_not))
+        p, ks = plans[f.id], uses[f.id]
+        if p.why_not or (broken and not all(done.results.get(k) for k in ks.values())):
+            outs.append(not_applicable(f.id, p.why_not or broken))
             continue
-        ks = uses[f.id]
         outs.append(judge(f, p, {w: done.results.get(k) for w, k in ks.items()},
                           {w: done.failed[k] for w, k in ks.items() if k in done.failed},
                           sum(done.seconds.get(k, 0.0) for k in set(ks.values())),
                           sorted({done.paths[k] for k in ks.values() if k in done.paths})))
     return ReleaseRecord(version, vv, True, None, round(time.monotonic() - t0, 1), env,
-                         rel.plugin_reports(), [asdict(o) for o in outs])
+                         rel.plugin_reports(),
+                         [{**asdict(o), "source": counted_by(uses.get(o.id, {}), done)}
+                          for o in outs])
+
+
+def execute(session, order, uses, out: Path, command: str, progress
+            ) -> tuple[check.Executed, str | None]:
+    """``check.execute`` run by run, until one fails with an exception of vLLM's in a server
+    log: the release cannot run the pipeline, and the runs left would fail the same way."""
+    done = check.Executed()
+    for item in order:
+        one = check.execute(session, [item], uses, out, command, progress)
+        for name in ("results", "seconds", "paths", "failed"):
+            getattr(done, name).update(getattr(one, name))
+        if one.failed and (cause := start_failure(session.log_dir)):
+            return done, f"the release fails a run in vLLM: {cause}"
+    return done, None
+
+
+def counted_by(runs: dict[str, str], done: check.Executed) -> str:
+    """How a finding's runs counted D's drafts (``measurement.source``: ``per-request``,
+    ``metrics-scrape``), so a record says it without its runs' files beside it."""
+    srcs = {((done.results.get(k) or {}).get("measurement") or {}).get("source")
+            for k in runs.values()}
+    return ",".join(sorted(s for s in srcs if s))
 
 
 def _unrunnable(version, vv, why, findings, t0, env, plans=None,
@@ -243,6 +268,7 @@ def run(versions: list[str], only: str | None, out: Path, command: str,
             rec = json.loads(path.read_text())
         if "kv_probe_source" not in rec:  # static: added to records made before it existed
             rec["kv_probe_source"], fresh = probe_source(v), True
+        fresh |= backfill_sources(rec)
         if fresh:
             atomic_write_json(path, rec, indent=1, sort_keys=False, portable=True)
         records.append(rec)
@@ -250,6 +276,17 @@ def run(versions: list[str], only: str | None, out: Path, command: str,
     if out.resolve() == (DATA / "releases").resolve():
         matrix.write_doc_table(df, HISTORY_DOC)
     return records
+
+
+def backfill_sources(rec: dict) -> bool:
+    """Each finding's ``source`` from its runs' files, for records made before they said it."""
+    todo = [f for f in rec["findings"] if "source" not in f]
+    for f in todo:
+        paths = [resolve(p) for p in f.get("results") or ()]
+        srcs = {(json.loads(p.read_text()).get("measurement") or {}).get("source")
+                for p in paths if p.is_file()}
+        f["source"] = ",".join(sorted(s for s in srcs if s))
+    return bool(todo)
 
 
 def records_under(out: Path) -> list[dict]:

@@ -22,7 +22,6 @@ from ..figures.figstyle import STYLE, save
 from ..findings.finding import VERDICTS, controls_line
 from ..findings.timeline import CSV_NAME
 from ..knobs.release import version_key
-from ..paths import portable
 from ..provenance import atomic_write_text, git_commit
 
 COLUMNS = ("release", "finding", "verdict", "evidence", "seconds", "source", "controls",
@@ -33,14 +32,7 @@ COLORS = {"present": "tab:red", "absent": "tab:green", "inconclusive": "gold",
           "detector-broken": "black", "not-applicable": "lightgray"}
 
 
-def source(finding: dict[str, Any], results: dict[str, str]) -> str:
-    """How its runs counted D's drafts (``measurement.source`` of each run it read)."""
-    srcs = {results.get(p) for p in finding.get("results") or ()}
-    return ",".join(sorted(s for s in srcs if s)) or ""
-
-
-def rows(records: list[dict[str, Any]],
-         sources: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The matrix rows of every release record (``history.ReleaseRecord`` as saved)."""
     out = []
     for rec in records:
@@ -49,25 +41,18 @@ def rows(records: list[dict[str, Any]],
                         "verdict": f["verdict"],
                         "evidence": json.dumps(f["evidence"], sort_keys=True,
                                                separators=(",", ":")),
-                        "seconds": f["seconds"], "source": source(f, sources or {}),
+                        "seconds": f["seconds"], "source": f.get("source") or "",
                         "controls": controls_line(f.get("controls") or {}),
                         "vllm_version": rec.get("vllm_version") or ""})
     return out
 
 
-def frame(records: list[dict[str, Any]], sources: dict[str, str] | None = None
-          ) -> pd.DataFrame:
-    df = pd.DataFrame(rows(records, sources), columns=list(COLUMNS))
+def frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    df = pd.DataFrame(rows(records), columns=list(COLUMNS))
     bad = set(df["verdict"]) - set(VERDICTS)
     if bad:
         raise ValueError(f"verdicts {sorted(bad)} are none of {', '.join(VERDICTS)}")
     return df
-
-
-def run_sources(out: Path) -> dict[str, str]:
-    """Each saved run's ``measurement.source`` by its portable ``result.json`` path."""
-    return {portable(p): (json.loads(p.read_text()).get("measurement") or {}).get("source")
-            for p in (out / "history").glob("*/runs/*/result.json")}
 
 
 def reason_of(evidence: str) -> str:
@@ -127,7 +112,7 @@ def _short(why: str, width: int = 150) -> str:
 def write(out: Path, records: list[dict[str, Any]], command: str) -> pd.DataFrame:
     """``out/findings-matrix.csv`` (first line: the command) and ``out/figures/`` from the
     release records."""
-    df = frame(records, run_sources(out))
+    df = frame(records)
     atomic_write_text(out / CSV_NAME, f"# {command}\n" + df.to_csv(index=False))
     figure(df, out / "figures", {"command": command, "csv": CSV_NAME,
                                  "git_commit": git_commit()})
