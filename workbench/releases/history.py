@@ -12,7 +12,7 @@ What a native run cannot give: a knob (the plugin is observe-only, so controls t
 are not run, and a finding whose own run sets one is not-applicable), the KV probe (its worker
 hooks are workbench patches) and readings taken by the plugin inside vLLM's workers (the
 forward thread's affinity). Per-request spec-decode counts come from ``/metrics`` scrapes
-around one request at a time before 0.30.0 (``measure.py``), which every detector fed here
+around one request at a time before 0.29.0 (``measure.py``), which every detector fed here
 reads the same way.
 """
 
@@ -34,6 +34,7 @@ from ..findings.finding import INCONCLUSIVE, NOT_APPLICABLE, Finding
 from ..knobs.release import base_version, version_key, vllm_version
 from ..paths import DATA, REPO, portable, resolve
 from ..provenance import atomic_write_json
+from ..serving.reaper import STOPPING
 from . import matrix, survey
 from .envs import env_python
 from .native import NativeRelease, NativeSession, knobs_needed, version_of
@@ -47,7 +48,6 @@ CONNECTOR = "nixl"  # the transfer path every native run takes (NIXL pull)
 # Without the plugin's NIXL progress delay idle P and D busy-poll: three servers starting at
 # once on two cores took up to 6 minutes, past ``ExperimentConfig``'s 300 s.
 STARTUP_S = 900.0
-STOPPED = "[workbench.serving.reaper] stopping server tree"  # written into a log at its stop
 HISTORY_DOC = REPO / "docs" / "history.md"  # its matrix table follows the committed records
 
 
@@ -110,7 +110,7 @@ def start_failure(log_dir: Path) -> str | None:
     pat = re.compile(r"\b\w+(Error|Exception): .*")
     by_error: dict[str, list[str]] = {}
     for log in sorted(log_dir.glob("*.log")):
-        lines = log.read_text(errors="replace").split(STOPPED, 1)[0].splitlines()
+        lines = log.read_text(errors="replace").split(STOPPING, 1)[0].splitlines()
         hits = [m.group(0) for ln in lines if " WARNING " not in ln and (m := pat.search(ln))]
         if hits:
             by_error.setdefault(hits[0][:300], []).append(log.stem)
@@ -129,7 +129,7 @@ def per_request_field(version: str) -> bool:
     rec = survey.load().get(version)
     if rec is not None:
         return bool(rec["per_request_spec_metrics"])
-    return version_key(version) >= version_key("0.30.0")
+    return version_key(version) >= version_key("0.29.0")
 
 
 def probe_source(version: str) -> dict[str, Any]:
@@ -177,15 +177,7 @@ def check_release(version: str, findings: list[Finding], out: Path, command: str
                            findings, t0, {})
     rel = NativeRelease(vv, python, per_request_field(version), log_root / "observe")
     env = {"python": portable(python), "per_request_metrics": rel.per_request_metrics}
-    uses, unique = {}, {}
-    for fid, p in plans.items():
-        uses[fid] = {w: check.key(c) for w, c in p.runs.items()}
-        for c in p.runs.values():
-            unique.setdefault(check.key(c), c)
-    shapes: dict[tuple, int] = {}
-    for c in unique.values():
-        shapes.setdefault(check.shape(c), len(shapes))
-    order = sorted(unique.items(), key=lambda kv: shapes[check.shape(kv[1])])
+    uses, order = ordered_runs(plans)
     if not order:
         return _unrunnable(version, vv, None, findings, t0, env, plans)
     with NativeSession(rel, log_root / "servers") as session:
@@ -201,20 +193,36 @@ def check_release(version: str, findings: list[Finding], out: Path, command: str
             return _unrunnable(version, vv, why, findings, t0, env, plans)
         done, broken = execute(session, order, uses, out, command,
                                lambda m: print(f"[history {version}] {m}", flush=True))
-    outs = []
-    for f in findings:
-        p, ks = plans[f.id], uses[f.id]
-        if p.why_not or (broken and not all(done.results.get(k) for k in ks.values())):
-            outs.append(not_applicable(f.id, p.why_not or broken))
-            continue
-        outs.append(judge(f, p, {w: done.results.get(k) for w, k in ks.items()},
-                          {w: done.failed[k] for w, k in ks.items() if k in done.failed},
-                          sum(done.seconds.get(k, 0.0) for k in set(ks.values())),
-                          sorted({done.paths[k] for k in ks.values() if k in done.paths})))
+    outs = [outcome(f, plans[f.id], uses[f.id], done, broken) for f in findings]
     return ReleaseRecord(version, vv, True, None, round(time.monotonic() - t0, 1), env,
                          rel.plugin_reports(),
-                         [{**asdict(o), "source": counted_by(uses.get(o.id, {}), done)}
-                          for o in outs])
+                         [{**asdict(o), "source": counted_by(uses[o.id], done)} for o in outs])
+
+
+def ordered_runs(plans: dict[str, NativePlan]) -> tuple[dict[str, dict], list]:
+    """Each finding's {which: run key}, and the distinct runs in server-shape order (so one
+    session restarts servers only where a run needs other server fields), as ``check.plan``."""
+    uses, unique = {}, {}
+    for fid, p in plans.items():
+        uses[fid] = {w: check.key(c) for w, c in p.runs.items()}
+        for c in p.runs.values():
+            unique.setdefault(check.key(c), c)
+    shapes: dict[tuple, int] = {}
+    for c in unique.values():
+        shapes.setdefault(check.shape(c), len(shapes))
+    return uses, sorted(unique.items(), key=lambda kv: shapes[check.shape(kv[1])])
+
+
+def outcome(f: Finding, p: NativePlan, ks: dict[str, str], done: check.Executed,
+            broken: str | None) -> check.Outcome:
+    """One finding's verdict from its runs; not-applicable where it has none natively, or
+    where the release broke before its runs all finished."""
+    if p.why_not or (broken and not all(done.results.get(k) for k in ks.values())):
+        return not_applicable(f.id, p.why_not or broken)
+    return judge(f, p, {w: done.results.get(k) for w, k in ks.items()},
+                 {w: done.failed[k] for w, k in ks.items() if k in done.failed},
+                 sum(done.seconds.get(k, 0.0) for k in set(ks.values())),
+                 sorted({done.paths[k] for k in ks.values() if k in done.paths}))
 
 
 def execute(session, order, uses, out: Path, command: str, progress
@@ -239,7 +247,8 @@ def counted_by(runs: dict[str, str], done: check.Executed) -> str:
     return ",".join(sorted(s for s in srcs if s))
 
 
-def _unrunnable(version, vv, why, findings, t0, env, plans=None,
+def _unrunnable(version: str, vv: str | None, why: str | None, findings: list[Finding],
+                t0: float, env: dict, plans: dict[str, NativePlan] | None = None,
                 verdict: str = NOT_APPLICABLE) -> ReleaseRecord:
     """Every finding ``verdict`` with the release's reason (not-applicable: the release cannot
     run it; inconclusive: its servers failed here for no reason of vLLM's); without one (no

@@ -19,6 +19,7 @@ import time
 import psutil
 
 GRACE_S = 15.0
+STOPPING = "[workbench.serving.reaper] stopping server tree"  # what a server's log gets
 
 
 def become_subreaper() -> None:
@@ -81,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.5)
 
     if stop["why"] is not None:
-        print(f"[workbench.serving.reaper] stopping server tree: {stop['why']}", file=sys.stderr,
-              flush=True)
+        print(f"{STOPPING}: {stop['why']}", file=sys.stderr, flush=True)
     terminate_tree(me)
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(5)
