@@ -57,11 +57,8 @@ LOG_KEEP = ("Error", "error", "Traceback", "WARNING", "workbench release fixes",
             "Model Runner", "SpecDecoding metrics", "Exception", "raise ", "assert")
 
 
-OldSpec = ServerSpec  # a CPU-profile spec with ``python`` set to the old environment's
-
-
 def specs_for(python: str, log_dir: Path, per_request_metrics: bool,
-              fixes_log: Path) -> dict[str, OldSpec]:
+              fixes_log: Path) -> dict[str, ServerSpec]:
     """The CPU profile's servers on ``python``, each with the plugin observe-only: its
     processes' reports go to ``log_dir/observe-<role>/``."""
     cfg = ExperimentConfig.for_profile("cpu")
@@ -73,7 +70,7 @@ def specs_for(python: str, log_dir: Path, per_request_metrics: bool,
         fields.update(python=python, per_request_metrics=per_request_metrics,
                       knobs_file=None, knobs_state_dir=None, nixl_progress_delay_us=0,
                       extra_env=env)
-        out[s.role] = OldSpec(**fields)
+        out[s.role] = ServerSpec(**fields)
     return out, cfg
 
 
@@ -158,7 +155,7 @@ def trim_log(path: Path, out: Path) -> None:
     out.write_text(portable_text("\n".join(kept) + "\n"))
 
 
-def start(spec: OldSpec, timeout: float = 600) -> VllmServer:
+def start(spec: ServerSpec, timeout: float = 600) -> VllmServer:
     """Start one server (its observe-only reports of an earlier start cleared first)."""
     shutil.rmtree(spec.extra_env[observe.ENV], ignore_errors=True)
     srv = VllmServer(spec).start()
@@ -202,7 +199,7 @@ def release_of(python: str) -> str:
                           text=True, check=True).stdout.strip()
 
 
-def baseline_leg(client: httpx.Client, spec: OldSpec, body: dict, ps: list,
+def baseline_leg(client: httpx.Client, spec: ServerSpec, body: dict, ps: list,
                  record: dict[str, Any]) -> list[dict]:
     """The baseline alone: start it, run every prompt, stop it."""
     srv = start(spec)
@@ -216,7 +213,7 @@ def baseline_leg(client: httpx.Client, spec: OldSpec, body: dict, ps: list,
     return rows
 
 
-def pd_leg(client: httpx.Client, specs: dict[str, OldSpec], body: dict, ps: list, cfg,
+def pd_leg(client: httpx.Client, specs: dict[str, ServerSpec], body: dict, ps: list, cfg,
            prime_p: bool, record: dict[str, Any]) -> list[dict]:
     """P and D: start both, run every prompt P then D, stop both."""
     p = start(specs["p"])
