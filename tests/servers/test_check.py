@@ -27,6 +27,7 @@ def checked(tmp_path_factory):
     return out, p
 
 
+@pytest.mark.timeout(1800)  # the module's check runs in this test's set-up
 def test_check_prints_the_table_and_exits_0_on_the_expected_verdicts(checked):
     out, p = checked
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -53,6 +54,7 @@ def test_check_prints_the_table_and_exits_0_on_the_expected_verdicts(checked):
                      p.stdout, re.M), p.stdout
 
 
+@pytest.mark.timeout(1200)
 def test_the_report_of_a_present_finding_reproduces_without_the_workbench(checked):
     out, _ = checked
     page = (out / "r" / "padded-load-step.md").read_text()
@@ -67,14 +69,21 @@ def test_the_report_of_a_present_finding_reproduces_without_the_workbench(checke
         line for line in script.read_text().splitlines() if line.startswith(("import", "from")))
     p = subprocess.run([sys.executable, str(script), "--target", str(paths.DEFAULT_TARGET),
                         "--drafter", str(paths.DEFAULT_DRAFTER)], capture_output=True,
-                       text=True, timeout=900, cwd=out / "r")
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+                       text=True, timeout=1100, cwd=out / "r")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:] + server_logs(out / "r")
     m = re.search(r"D counted (\d+) more drafts than the baseline over (\d+) requests", p.stdout)
     assert m and int(m.group(1)) == int(m.group(2)) > 0, p.stdout[-2000:]
     result = json.loads(p.stdout[:p.stdout.rindex("}") + 1])
     assert all(r["d"]["per_step_accepted"][0] == 0 for r in result["requests"])
 
 
+def server_logs(d: Path) -> str:
+    """The tail of each server log a reproduction wrote: why a start failed or took long."""
+    return "".join(f"\n--- {log.name}\n" + log.read_text()[-1500:]
+                   for log in sorted(d.glob("repro-*.log")))
+
+
+@pytest.mark.timeout(1500)  # three servers start together on the machine's cores
 def test_the_committed_host_staged_repro_shows_the_bug_on_the_cpu_as_written(tmp_path):
     """The reproduction committed with the host-buffer finding, run as a maintainer would (its
     models found from its own location, its ports picked at start, the plugin doing host
@@ -84,8 +93,8 @@ def test_the_committed_host_staged_repro_shows_the_bug_on_the_cpu_as_written(tmp
                       "result.json").read_text())
     assert run["token_agreement"] == 0.0
     p = subprocess.run([sys.executable, str(reports / "host-buffer-chunk-boundary.repro.py")],
-                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+                       capture_output=True, text=True, timeout=1400, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:] + server_logs(tmp_path)
     n = len(run["requests"])
     assert f"D's tokens differ from the baseline's in {n} of {n} requests" in p.stdout, p.stdout
 

@@ -29,6 +29,7 @@ def committed(release: str) -> dict:
     return df.set_index("finding").loc[FINDING].to_dict()
 
 
+@pytest.mark.timeout(1800)  # an old release's environment may be built first
 def test_two_releases_give_the_committed_matrix_rows_live(tmp_path):
     installed = base_version(vllm_version())
     out = tmp_path / "releases"
@@ -36,7 +37,7 @@ def test_two_releases_give_the_committed_matrix_rows_live(tmp_path):
     p = subprocess.run([sys.executable, "-m", "workbench", "releases", "--check", "--vllm",
                         f"{OLD},{installed}", "--only", FINDING, "--out", str(out),
                         "--log-dir", str(tmp_path / "logs")],
-                       capture_output=True, text=True, timeout=1800)
+                       capture_output=True, text=True, timeout=1700)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert f"{installed} is not run again" in p.stdout
     lines = (out / matrix.CSV_NAME).read_text().splitlines()

@@ -112,3 +112,34 @@ def test_the_summary_shows_own_run_controls_as_such(tmp_path):
     report.write_reports(tmp_path, c.outcomes, c.build, {}, {}, "python -m workbench check")
     summary = (tmp_path / "summary.md").read_text()
     assert "positive own run, negative ok" in summary and "positive ok" not in summary
+
+
+def test_a_killed_repro_leaves_no_server_behind(tmp_path):
+    """A reproduction SIGKILLed (a test's timeout, a closed terminal) has no clean-up of its
+    own to run: each server it started gets SIGTERM from the kernel when it is gone."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    res = result(DEVBUILD, "padded-load-step-main")
+    text = report.standalone(FINDINGS["padded-load-step"], ExperimentConfig.from_dict(
+        res["config"]), res)
+    (tmp_path / "repro.py").write_text(text)
+    (tmp_path / "owner.py").write_text(
+        "import runpy, sys, time\n"
+        "ns = runpy.run_path(sys.argv[1])\n"
+        "server = {'role': 'p', 'argv': ['python', '-c', 'import time; time.sleep(300)'],"
+        " 'env': {}}\n"
+        "print(ns['start'](server, {}, {}).pid, flush=True)\n"
+        "time.sleep(300)\n")
+    owner = subprocess.Popen([sys.executable, "owner.py", "repro.py"], cwd=tmp_path,
+                             stdout=subprocess.PIPE, text=True)
+    server = psutil.Process(int(owner.stdout.readline()))
+    assert server.is_running() and server.ppid() == owner.pid
+    owner.kill()
+    owner.wait()
+    gone, alive = psutil.wait_procs([server], timeout=20)
+    for p in alive:
+        p.kill()
+    assert gone and not alive

@@ -3,10 +3,13 @@
 Starts P (kv_producer), D (kv_consumer) and a standalone baseline with the command lines
 below, on free ports and side-channel ports picked at start, sends every prompt to P with
 max_tokens=1 and do_remote_decode, then to D with P's kv_transfer_params (what vLLM's
-toy_proxy_server.py does), and the same prompt to the baseline; prints per request the tokens
+toy_proxy_server.py does; with FLOW "same-prompt", a connector that shares storage, P and D
+get the plain prompt, as vLLM's disaggregated-prefill-v1 example sends it), and the same
+prompt to the baseline; prints per request the tokens
 and the drafts and accepted tokens each side reports in ``metrics.speculative_decoding``
 (--per-request-spec-decode-metrics detailed), then the finding's symptom in one line, and
-stops the servers. Needs vLLM (with NIXL) and httpx; where PLUGIN_ENV is not empty, also the
+stops the servers (also when this script is killed: each server gets SIGTERM when the script
+is gone, on Linux). Needs vLLM (with NIXL) and httpx; where PLUGIN_ENV is not empty, also the
 workbench installed in the same environment (its vLLM plugin does what vLLM alone cannot on
 this platform; the script never imports it).
 
@@ -17,6 +20,7 @@ location, or ``$WORKBENCH_MODELS``).
 """
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -164,6 +168,7 @@ PROMPTS = [[1, 318, 291, 313, 835, 278, 486, 223, 316, 522, 294, 573, 1567, 307,
 MAX_TOKENS = 32
 PLUGIN_ENV = {}
 PLUGIN_KNOBS = {}
+FLOW = 'params'
 NO_KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
          "remote_block_ids": None, "remote_host": None, "remote_port": None}
 
@@ -222,7 +227,25 @@ def start(server, values, extra_env):
     log = Path(f"repro-{server['role']}.log").open("w")  # noqa: SIM115 - open while it runs
     argv = [sys.executable, *(fill(a, values) for a in server["argv"][1:])]
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=die_with(os.getpid()))
+
+
+def die_with(parent):
+    """A child's first step: SIGTERM (vLLM's own clean shutdown) when ``parent`` is gone, so
+    a killed script leaves no server behind (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing)."""
+    def first_step():
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+    return first_step
+
+
+def exit_on_sigterm(signum, _frame):
+    """A SIGTERM runs the clean-up below (stop the servers) as Ctrl-C does."""
+    sys.exit(128 + signum)
 
 
 def wait(url, proc, timeout=600):
@@ -285,12 +308,14 @@ def main():
     if not (args.target and args.drafter):
         ap.error("no data/models found above this script: pass --target and --drafter "
                  "(or set WORKBENCH_MODELS)")
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     cpus = cpu_plan()
-    values = {s["role"]: {"target": args.target, "drafter": args.drafter,
-                          "port": free_port(), "side_channel_port": free_port(),
-                          "cpus": cpus[s["role"]]} for s in SERVERS}
-    url = {role: f"http://127.0.0.1:{v['port']}" for role, v in values.items()}
     with tempfile.TemporaryDirectory(prefix="repro-") as tmp:
+        values = {s["role"]: {"target": args.target, "drafter": args.drafter,
+                              "port": free_port(), "side_channel_port": free_port(),
+                              "cpus": cpus[s["role"]], "storage": f"{tmp}/kv-storage"}
+                  for s in SERVERS}
+        url = {role: f"http://127.0.0.1:{v['port']}" for role, v in values.items()}
         extra_env = plugin_files(tmp)
         procs = {s["role"]: start(s, values[s["role"]], extra_env) for s in SERVERS}
         try:
@@ -299,10 +324,12 @@ def main():
             rows = []
             for prompt in PROMPTS:
                 rid = str(uuid.uuid4())
+                params = FLOW == "params"
                 p_resp = complete(url["p"], args.target, prompt, rid, max_tokens=1,
-                                  kv_transfer_params=NO_KV)
+                                  **({"kv_transfer_params": NO_KV} if params else {}))
                 d = complete(url["d"], args.target, prompt, rid,
-                             kv_transfer_params=p_resp["kv_transfer_params"])
+                             **({"kv_transfer_params": p_resp["kv_transfer_params"]}
+                                if params else {}))
                 b = complete(url["baseline"], args.target, prompt, f"base-{rid}")
                 rows.append({"d": spec(d), "baseline": spec(b),
                              "same_tokens": tokens(d) == tokens(b)})

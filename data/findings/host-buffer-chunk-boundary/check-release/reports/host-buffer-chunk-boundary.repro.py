@@ -3,10 +3,13 @@
 Starts P (kv_producer), D (kv_consumer) and a standalone baseline with the command lines
 below, on free ports and side-channel ports picked at start, sends every prompt to P with
 max_tokens=1 and do_remote_decode, then to D with P's kv_transfer_params (what vLLM's
-toy_proxy_server.py does), and the same prompt to the baseline; prints per request the tokens
+toy_proxy_server.py does; with FLOW "same-prompt", a connector that shares storage, P and D
+get the plain prompt, as vLLM's disaggregated-prefill-v1 example sends it), and the same
+prompt to the baseline; prints per request the tokens
 and the drafts and accepted tokens each side reports in ``metrics.speculative_decoding``
 (--per-request-spec-decode-metrics detailed), then the finding's symptom in one line, and
-stops the servers. Needs vLLM (with NIXL) and httpx; where PLUGIN_ENV is not empty, also the
+stops the servers (also when this script is killed: each server gets SIGTERM when the script
+is gone, on Linux). Needs vLLM (with NIXL) and httpx; where PLUGIN_ENV is not empty, also the
 workbench installed in the same environment (its vLLM plugin does what vLLM alone cannot on
 this platform; the script never imports it).
 
@@ -17,6 +20,7 @@ location, or ``$WORKBENCH_MODELS``).
 """
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -163,7 +167,8 @@ SERVERS = [
 PROMPTS = [[1, 318, 291, 313, 835, 278, 486, 223, 316, 522, 294, 573, 1567, 307, 462, 746, 817, 534, 1415, 385, 316, 467, 503, 351, 1033, 377, 462, 746, 817, 534, 1415, 547, 308, 447, 319, 952, 1668, 14, 361, 467, 39, 39, 45, 65, 787, 38, 266, 291, 313, 697, 278, 477, 19, 385, 316, 467, 769, 296, 462, 1932, 272, 288, 669, 765, 375, 1203, 16, 201], [1, 261, 303, 650, 10, 85, 11, 1656, 444, 457, 486, 28, 266, 288, 16, 768, 10, 68, 1856, 90, 626, 415, 201, 201, 317, 323, 768, 65, 72, 1320, 10, 72, 14, 735, 301, 274, 563, 326, 409, 274, 303, 735, 620, 486, 28, 266, 1279, 278, 486, 90, 26, 626, 18, 266, 735, 278, 735, 472, 477, 19, 274, 446, 28, 266, 1279, 278, 486, 274, 303, 735, 457, 486, 28, 201], [1, 274, 344, 575, 1923, 10, 276, 14, 575, 80, 14, 1374, 301, 266, 303, 575, 80, 16, 549, 457, 1239, 16, 53, 49, 37, 45, 65, 38, 41, 52, 35, 47, 28, 289, 316, 704, 53, 35, 1489, 1923, 725, 1985, 523, 273, 79, 285, 418, 394, 468, 361, 737, 38, 50, 1239, 85, 525, 625, 1653, 733, 289, 316, 1455, 351, 293, 1426, 864, 428, 49, 37, 50, 1414, 441, 289, 323, 81, 398, 352, 82, 1246, 16, 57, 53, 35, 1489, 1923, 10, 582, 80, 16, 72, 606, 81, 1219, 1374, 11, 201], [1, 318, 360, 266, 291, 313, 1072, 65, 1394, 65, 263, 1263, 346, 266, 333, 291, 313, 1093, 16, 263, 1263, 10, 1364, 14, 883, 308, 11, 322, 344, 268, 532, 78, 10, 276, 301, 266, 360, 654, 296, 1025, 475, 1618, 564, 266, 291, 313, 1072, 65, 792, 65, 2027, 346, 266, 303, 291, 313, 1137, 457, 323, 47, 49, 933, 65, 696, 1542, 28, 201], [1, 274, 344, 962, 1399, 1263, 10, 276, 14, 296, 1399, 1263, 14, 1995, 301, 266, 360, 266, 1763, 270, 1801, 625, 1263, 307, 270, 618, 355, 1053, 643, 641, 713, 266, 360, 266, 333, 312, 1143, 824, 10, 276, 16, 816, 70, 1057, 10, 70, 14, 314, 70, 14, 1995, 11, 361, 355, 70, 14, 314, 70, 11, 307, 296, 1399, 1263, 11, 322, 344, 962, 1399, 1263, 70, 1057, 10, 276, 14, 337, 1057, 14, 1995, 301, 266, 360, 266, 1763, 270, 962, 1346, 625, 1263, 337, 1057, 432, 16, 266, 360, 266, 303, 1995, 1301, 223, 27, 28, 289, 1268, 278, 337, 1057, 65, 374, 266, 446, 28, 201], [1, 287, 261, 316, 1169, 1799, 1114, 568, 1013, 463, 1983, 289, 558, 28, 331, 1336, 278, 1325, 10, 276, 14, 312, 2009, 65, 9, 437, 568, 11, 289, 579, 1793, 28, 331, 558, 28, 417, 1044, 31, 376, 668, 10, 276, 14, 312, 804, 65, 9, 437, 568, 11, 493, 1151, 357, 417, 303, 1044, 28, 646, 291, 16, 2003, 16, 768, 480, 7, 85, 62, 80, 4, 7, 676, 10, 1151, 448, 201], [1, 287, 261, 316, 673, 1406, 339, 702, 619, 714, 16, 359, 1297, 1992, 14, 625, 764, 86, 526, 1296, 410, 682, 2036, 1125, 289, 316, 1217, 291, 16, 768, 289, 714, 16, 359, 1297, 1992, 10, 549, 14, 459, 14, 268, 68, 11, 322, 344, 951, 519, 795, 1328, 10, 276, 301, 266, 360, 38, 378, 1611, 296, 1031, 526, 1810, 298, 69, 778, 651, 16, 385, 1502, 293, 1116, 296, 1021, 1196, 1266, 1887, 447, 319, 298, 294, 298, 1797, 867, 16, 385, 566, 1170, 319, 1692, 868, 481, 291, 16, 768, 1219, 388, 633, 16, 385, 360, 266, 714, 16, 352, 277, 65, 549, 14, 714, 16, 352, 277, 65, 391, 14, 1199, 65, 86, 68, 278, 310, 75, 278, 714, 16, 1362, 65, 687, 346, 266, 714, 16, 352, 277, 65, 795, 1328, 278, 1199, 65, 86, 68, 201], [1, 317, 557, 65, 1566, 10, 374, 14, 1505, 85, 301, 274, 360, 274, 1069, 338, 1986, 613, 1505, 1211, 309, 296, 1558, 307, 432, 16, 274, 574, 311, 319, 296, 1637, 1437, 432, 1964, 864, 1135, 1836, 1637, 14, 1052, 1825, 1836, 1095, 590, 14, 274, 422, 1157, 880, 16, 274, 1108, 772, 280, 270, 659, 377, 1505, 85, 1441, 375, 333, 296, 326, 886, 1026, 648, 82, 396, 394, 628, 274, 533, 396, 272, 970, 319, 1048, 351, 1378, 524, 1637, 1799, 58, 16, 590, 14, 1164, 270, 1157, 348, 1637, 1799, 58, 16, 590, 16, 67, 16, 68, 16, 69, 201]]
 MAX_TOKENS = 32
 PLUGIN_ENV = {"WORKBENCH_TRANSFER": "host-staged"}
-PLUGIN_KNOBS = {"finalize": "deferred", "prefill_lookahead": "default", "block_handoff": "clipped", "load_step": "as-released", "blocks": "as-is", "dirty_source": "noise", "transfer": "host-staged", "double_bos": "off", "kv_probe": "off"}
+PLUGIN_KNOBS = {"finalize": "deferred", "prefill_lookahead": "default", "block_handoff": "clipped", "load_step": "as-released", "blocks": "as-is", "dirty_source": "noise", "transfer": "host-staged", "connector": "nixl", "double_bos": "off", "kv_probe": "off"}
+FLOW = 'params'
 NO_KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
          "remote_block_ids": None, "remote_host": None, "remote_port": None}
 
@@ -222,7 +227,25 @@ def start(server, values, extra_env):
     log = Path(f"repro-{server['role']}.log").open("w")  # noqa: SIM115 - open while it runs
     argv = [sys.executable, *(fill(a, values) for a in server["argv"][1:])]
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=die_with(os.getpid()))
+
+
+def die_with(parent):
+    """A child's first step: SIGTERM (vLLM's own clean shutdown) when ``parent`` is gone, so
+    a killed script leaves no server behind (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing)."""
+    def first_step():
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+    return first_step
+
+
+def exit_on_sigterm(signum, _frame):
+    """A SIGTERM runs the clean-up below (stop the servers) as Ctrl-C does."""
+    sys.exit(128 + signum)
 
 
 def wait(url, proc, timeout=600):
@@ -285,12 +308,14 @@ def main():
     if not (args.target and args.drafter):
         ap.error("no data/models found above this script: pass --target and --drafter "
                  "(or set WORKBENCH_MODELS)")
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     cpus = cpu_plan()
-    values = {s["role"]: {"target": args.target, "drafter": args.drafter,
-                          "port": free_port(), "side_channel_port": free_port(),
-                          "cpus": cpus[s["role"]]} for s in SERVERS}
-    url = {role: f"http://127.0.0.1:{v['port']}" for role, v in values.items()}
     with tempfile.TemporaryDirectory(prefix="repro-") as tmp:
+        values = {s["role"]: {"target": args.target, "drafter": args.drafter,
+                              "port": free_port(), "side_channel_port": free_port(),
+                              "cpus": cpus[s["role"]], "storage": f"{tmp}/kv-storage"}
+                  for s in SERVERS}
+        url = {role: f"http://127.0.0.1:{v['port']}" for role, v in values.items()}
         extra_env = plugin_files(tmp)
         procs = {s["role"]: start(s, values[s["role"]], extra_env) for s in SERVERS}
         try:
@@ -299,10 +324,12 @@ def main():
             rows = []
             for prompt in PROMPTS:
                 rid = str(uuid.uuid4())
+                params = FLOW == "params"
                 p_resp = complete(url["p"], args.target, prompt, rid, max_tokens=1,
-                                  kv_transfer_params=NO_KV)
+                                  **({"kv_transfer_params": NO_KV} if params else {}))
                 d = complete(url["d"], args.target, prompt, rid,
-                             kv_transfer_params=p_resp["kv_transfer_params"])
+                             **({"kv_transfer_params": p_resp["kv_transfer_params"]}
+                                if params else {}))
                 b = complete(url["baseline"], args.target, prompt, f"base-{rid}")
                 rows.append({"d": spec(d), "baseline": spec(b),
                              "same_tokens": tokens(d) == tokens(b)})

@@ -8,7 +8,8 @@ get the plain prompt, as vLLM's disaggregated-prefill-v1 example sends it), and 
 prompt to the baseline; prints per request the tokens
 and the drafts and accepted tokens each side reports in ``metrics.speculative_decoding``
 (--per-request-spec-decode-metrics detailed), then the finding's symptom in one line, and
-stops the servers. Needs vLLM (with NIXL) and httpx; where PLUGIN_ENV is not empty, also the
+stops the servers (also when this script is killed: each server gets SIGTERM when the script
+is gone, on Linux). Needs vLLM (with NIXL) and httpx; where PLUGIN_ENV is not empty, also the
 workbench installed in the same environment (its vLLM plugin does what vLLM alone cannot on
 this platform; the script never imports it).
 
@@ -19,6 +20,7 @@ location, or ``$WORKBENCH_MODELS``).
 """
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -221,7 +223,25 @@ def start(server, values, extra_env):
     log = Path(f"repro-{server['role']}.log").open("w")  # noqa: SIM115 - open while it runs
     argv = [sys.executable, *(fill(a, values) for a in server["argv"][1:])]
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=die_with(os.getpid()))
+
+
+def die_with(parent):
+    """A child's first step: SIGTERM (vLLM's own clean shutdown) when ``parent`` is gone, so
+    a killed script leaves no server behind (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing)."""
+    def first_step():
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+    return first_step
+
+
+def exit_on_sigterm(signum, _frame):
+    """A SIGTERM runs the clean-up below (stop the servers) as Ctrl-C does."""
+    sys.exit(128 + signum)
 
 
 def wait(url, proc, timeout=600):
@@ -284,6 +304,7 @@ def main():
     if not (args.target and args.drafter):
         ap.error("no data/models found above this script: pass --target and --drafter "
                  "(or set WORKBENCH_MODELS)")
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     cpus = cpu_plan()
     with tempfile.TemporaryDirectory(prefix="repro-") as tmp:
         values = {s["role"]: {"target": args.target, "drafter": args.drafter,
