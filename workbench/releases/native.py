@@ -38,10 +38,11 @@ class NativeRelease:
     python: Path
     per_request_metrics: bool  # --per-request-spec-decode-metrics exists (0.30.0 on)
     report_dir: Path  # each vLLM process's observe-only report, per role
+    fixes_file: Path | None = None  # where each process logs its compatibility fixes
 
     @property
     def fixes_log(self) -> Path:
-        return self.report_dir / "fixes.log"
+        return self.fixes_file or self.report_dir / "fixes.log"
 
     def adapt(self, spec: ServerSpec) -> ServerSpec:
         """``spec`` on this release: its Python, observe-only, no flag it lacks."""

