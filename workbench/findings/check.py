@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -258,10 +259,13 @@ class Executed:
     seconds: dict[str, float] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    stopped: str | None = None  # why the runs left were not started (``execute``'s ``stop``)
 
 
-def execute(session, order, uses, out: Path, command: str, progress=print) -> Executed:
-    """Run each planned config once; a failed run keeps what was measured and the rest go on."""
+def execute(session, order, uses, out: Path, command: str, progress=print,
+            stop: Callable[[], str | None] | None = None) -> Executed:
+    """Run each planned config once; a failed run keeps what was measured and the rest go on,
+    unless ``stop`` (asked after a failed run) gives a reason the rest would fail too."""
     done, names = Executed(), run_names(uses)
     for i, (k, cfg) in enumerate(order):
         run_dir = out / "runs" / names[k]
@@ -273,6 +277,9 @@ def execute(session, order, uses, out: Path, command: str, progress=print) -> Ex
             progress(f"[check] {names[k]} failed: {type(e).__name__}: {e}")
             done.results[k], done.failed[k] = None, f"{type(e).__name__}: {e}"
         done.seconds[k], done.paths[k] = time.monotonic() - t0, portable(run_dir / "result.json")
+        if k in done.failed and stop and (why := stop()):
+            done.stopped = why
+            break
     return done
 
 

@@ -227,16 +227,11 @@ def outcome(f: Finding, p: NativePlan, ks: dict[str, str], done: check.Executed,
 
 def execute(session, order, uses, out: Path, command: str, progress
             ) -> tuple[check.Executed, str | None]:
-    """``check.execute`` run by run, until one fails with an exception of vLLM's in a server
+    """``check.execute``, stopped by a run that fails with an exception of vLLM's in a server
     log: the release cannot run the pipeline, and the runs left would fail the same way."""
-    done = check.Executed()
-    for item in order:
-        one = check.execute(session, [item], uses, out, command, progress)
-        for name in ("results", "seconds", "paths", "failed"):
-            getattr(done, name).update(getattr(one, name))
-        if one.failed and (cause := start_failure(session.log_dir)):
-            return done, f"the release fails a run in vLLM: {cause}"
-    return done, None
+    done = check.execute(session, order, uses, out, command, progress,
+                         stop=lambda: start_failure(session.log_dir))
+    return done, done.stopped and f"the release fails a run in vLLM: {done.stopped}"
 
 
 def counted_by(runs: dict[str, str], done: check.Executed) -> str:
