@@ -26,12 +26,41 @@ def test_a_native_run_feeds_only_findings_whose_own_run_sets_no_knob():
     assert set(padded.not_run) == {"negative", "load_step=gated (vLLM PR #50173 as written)"}
     assert "load_step" in padded.not_run["negative"]
     prefix = history.plan_finding(FINDINGS["prefix-cache-drafter-kv"], BASE)
-    assert prefix.why_not and "KV probe" in prefix.why_not
+    assert prefix.why_not and "KV probe" in prefix.why_not and "kv_probe_source" in prefix.why_not
     thread = history.plan_finding(FINDINGS["nixl-cpu-forward-thread"], BASE)
     assert "sched_getaffinity" in thread.why_not
     example = history.plan_finding(FINDINGS["example-chunked-store"], BASE)
     assert "connector example only" in example.why_not
     assert not native.knobs_needed(padded.runs["main"])
+
+
+def test_where_the_probes_targets_hold_the_findings_that_read_it_alone_run_natively():
+    """The KV probe is an instrument: where its targets hold in a release's source, the
+    findings whose runs set no knob but the probe run with every control; those that also
+    need host staging (a knob) stay not-applicable for that reason."""
+    for fid in ("chunked-prefill-drafter-kv", "prefix-cache-drafter-kv"):
+        p = history.plan_finding(FINDINGS[fid], BASE, probe=True)
+        assert p.why_not is None and p.runs["main"].kv_probe and not p.not_run, (fid, p)
+        assert set(p.runs) == {"main", "negative"}
+    host = history.plan_finding(FINDINGS["host-buffer-chunk-boundary"], BASE, probe=True)
+    assert "transfer" in host.why_not
+    thread = history.plan_finding(FINDINGS["nixl-cpu-forward-thread"], BASE, probe=True)
+    assert "sched_getaffinity" in thread.why_not
+
+
+def test_a_rerun_replaces_only_the_findings_it_ran():
+    old = {"release": "0.28.0", "command": "first", "seconds": 300.0, "why": None,
+           "findings": [{"id": "a", "verdict": "absent"}, {"id": "b", "verdict": NOT_APPLICABLE}],
+           "plugin": {"p": [{"pid": 1}]}, "kv_probe_source": {"held": 6, "checks": 6}}
+    new = {"release": "0.28.0", "command": "again", "seconds": 120.0, "why": None,
+           "findings": [{"id": "b", "verdict": PRESENT}], "plugin": {"p": [{"pid": 2}]},
+           "kv_probe_source": {"held": 6, "checks": 6}}
+    got = history.merged(old, new)
+    assert [(f["id"], f["verdict"]) for f in got["findings"]] == [("a", "absent"),
+                                                                   ("b", PRESENT)]
+    assert got["command"] == "first" and got["plugin"]["p"] == [{"pid": 1}, {"pid": 2}]
+    assert got["reruns"] == [{"command": "again", "findings": ["b"], "seconds": 120.0,
+                              "why": None}]
 
 
 def _rows(extra: int, d_first: int | None, same_accepts: bool = True) -> list[dict]:
@@ -186,6 +215,28 @@ def test_a_native_session_refuses_a_knob_or_the_kv_probe_before_any_server_start
         with pytest.raises(ConfigError, match="KV probe"):
             s.check_build(ExperimentConfig.for_profile("cpu", kv_probe=True))
         assert not s.servers
+
+
+def test_a_release_that_holds_the_probes_targets_carries_it_in_every_server(tmp_path):
+    """Its servers get the probe's state directory, its session the probe's channel (no
+    knob), and a run with the probe passes the build check."""
+    from workbench.config import ExperimentConfig
+    from workbench.knobs import spec as knob_spec
+    from workbench.releases.native import NativeRelease, NativeSession
+    from workbench.serving import channels
+    from workbench.serving.plan import server_specs
+
+    rel = NativeRelease("0.28.0", tmp_path / "python", False, tmp_path / "obs", kv_probe=True)
+    cfg = ExperimentConfig.for_profile("cpu", kv_probe=True)
+    for spec in server_specs(cfg, tmp_path):
+        assert rel.adapt(spec).env()[knob_spec.ENV_OBSERVE_KV_PROBE] == str(rel.probe_dir)
+    with NativeSession(rel, tmp_path / "logs") as s:
+        assert isinstance(s.channel, channels.ProbeChannel)
+        with pytest.raises(ConfigError, match="block_handoff"):
+            s.check_build(ExperimentConfig.for_profile("cpu", knobs={"block_handoff": "legacy"},
+                                                       kv_probe=True))
+        with pytest.raises(ConfigError, match="not running"):
+            s.channel.kv_probe({"p": None}, {"op": "records"})
 
 
 def test_a_run_that_dies_in_vllm_stops_the_release_and_names_the_root_cause(tmp_path):

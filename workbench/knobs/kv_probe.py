@@ -340,7 +340,10 @@ def after_sample() -> None:
 # --------------------------------------------------------------------------- hooks --
 def install(comp: Component) -> None:
     """Wrap ``Worker.execute_model`` / ``sample_tokens`` (a flag test when the probe is off)."""
-    cls = type(comp.obj)
+    install_on(type(comp.obj))
+
+
+def install_on(cls: type) -> None:
     owner = next(k for k in cls.__mro__ if "execute_model" in k.__dict__)
 
     def wrap_execute(orig):
@@ -388,6 +391,53 @@ def apply(comp: Component, knobs: dict, seed: int) -> tuple[str, dict[str, Any]]
         _start_poller(comp.state_dir)
         return value, PROBE.describe()
     return value, {}
+
+
+def observe(state_dir: str, version: str) -> dict[str, Any]:
+    """Observe-only (``observe.py``): the probe on from each worker's start, answering request
+    files in ``state_dir``, where its targets and source facts hold in the running release's
+    own source (checked here, in each process, as ``build`` checks a knob's). It only reads
+    KV, so a native run of an old release may carry it."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    from .patch_checks import checks_for
+    from .source import installed_source
+
+    src = installed_source(version)
+    failed = {c.name: where for c in checks_for(WORKER_TARGETS, SOURCE)
+              for ok, where in [c.run(src)] if not ok}
+    if failed:
+        return {"installed": False, "failed": failed}
+
+    def wrap_init(orig):
+        def initialize_from_config(self, *args, **kwargs):
+            out = orig(self, *args, **kwargs)
+            _guarded(start_observing, self, state_dir)
+            return out
+
+        return initialize_from_config
+
+    _patch.patch(Worker, "initialize_from_config", wrap_init)
+    return {"installed": True, "state_dir": state_dir,
+            "at_worker_start": ["Worker.execute_model", "Worker.sample_tokens"]}
+
+
+def start_observing(worker, state_dir: str) -> None:
+    """A worker's probe, on for its whole life; its state file says so (the workbench counts
+    the workers that must answer a request, and reads ``kv_probe: on`` back from them)."""
+    from ..provenance import atomic_write_json
+
+    with PROBE.lock:
+        PROBE.role = os.environ.get("WORKBENCH_ROLE", "unknown")
+        PROBE.bind(worker.model_runner)
+        PROBE.enabled = True
+    install_on(type(worker))
+    atomic_write_json(Path(state_dir) / f"{PROBE.role}-worker-{os.getpid()}.json",
+                      {"role": PROBE.role, "component": "worker", "pid": os.getpid(),
+                       "mode": "observe-only", "knobs": {"kv_probe": "on"},
+                       "workbench_patches": list(_patch.PATCHED),
+                       "kv_probe": PROBE.describe()})
+    _start_poller(state_dir)
 
 
 def register() -> None:

@@ -9,7 +9,9 @@ on the CPU at all (``compat_fixes.py``). With ``WORKBENCH_OBSERVE_ONLY`` set to 
 compatibility fixes that apply to the running release, and each vLLM process (API server,
 engine core, worker) writes ``observe-<pid>.json`` there, so a result can list what was applied
 and show that no workbench patch was (``_patch.PATCHED``, every patch this package installs, is
-empty)."""
+empty). One instrument may join them: with ``WORKBENCH_OBSERVE_KV_PROBE`` set to a state
+directory, the KV probe (``kv_probe.observe``), which reads KV and changes nothing, where its
+targets hold in the running release's source; its patches are then the only ones listed."""
 
 from __future__ import annotations
 
@@ -30,6 +32,11 @@ def install(report_dir: str) -> dict[str, Any]:
     """Install the running release's compatibility fixes, and write this process's report."""
     version = vllm_version()
     applied = compat_fixes.install(version)
+    probe = None
+    if state_dir := os.environ.get(spec.ENV_OBSERVE_KV_PROBE):
+        from . import kv_probe
+
+        probe = kv_probe.observe(state_dir, version)
     report = {
         "mode": "observe-only",
         "vllm_version": version,
@@ -38,6 +45,7 @@ def install(report_dir: str) -> dict[str, Any]:
         "compat_fixes_for_release": [f.name for f in compat_fixes.fixes_for(version)],
         "compat_fixes_applied": applied,
         "workbench_patches": list(_patch.PATCHED),
+        "kv_probe": probe,  # None: not asked for
         "role": os.environ.get(spec.ENV_ROLE),
         "pid": os.getpid(),
         "argv": sys.argv[:3],

@@ -61,18 +61,20 @@ class NativePlan:
     why_not: str | None = None
 
 
-def plan_finding(f: Finding, base: dict) -> NativePlan:
+def plan_finding(f: Finding, base: dict, probe: bool = False) -> NativePlan:
     """What of ``f`` a native run can feed: a finding on another connector, one that reads
-    the KV probe or readings inside vLLM's workers, or whose own run sets a knob, cannot."""
+    inside vLLM's workers what the plugin takes there (the KV probe only where ``probe``: its
+    targets hold in the release's source), or whose own run sets a knob, cannot."""
     if f.connectors and CONNECTOR not in f.connectors:
         return NativePlan(why_not=f"applies to connector {', '.join(f.connectors)} only; "
                                   "native runs take NIXL pull")
-    if not f.standalone:
+    cfgs = check.runs_of(f, base)
+    if cfgs["main"].kv_probe and not probe:
+        return NativePlan(why_not=f"reads {f.reads}: the probe's targets do not hold in this "
+                                  "release's source (kv_probe_source)")
+    if not (f.standalone or cfgs["main"].kv_probe):
         return NativePlan(why_not=f"reads {f.reads}: the workbench plugin takes it inside "
                                   "vLLM's workers, and observe-only installs none of it")
-    cfgs = check.runs_of(f, base)
-    if cfgs["main"].kv_probe:
-        return NativePlan(why_not="reads the KV probe, not installed observe-only")
     if need := knobs_needed(cfgs["main"]):
         return NativePlan(why_not=f"its own run sets knobs {need}; observe-only sets none")
     out = NativePlan()
@@ -162,20 +164,26 @@ class ReleaseRecord:
     env: dict[str, Any]
     plugin: dict[str, Any]
     findings: list[dict[str, Any]]
+    kv_probe_source: dict[str, Any] | None = None
 
 
 def check_release(version: str, findings: list[Finding], out: Path, command: str,
                   log_root: Path) -> ReleaseRecord:
     """Every finding of ``findings`` natively on ``version``; never raises for the release."""
     t0 = time.monotonic()
-    plans = {f.id: plan_finding(f, check.connector_base("cpu", CONNECTOR)) for f in findings}
+    source = probe_source(version)
+    ported = source.get("checks") is not None and source.get("held") == source["checks"]
+    plans = {f.id: plan_finding(f, check.connector_base("cpu", CONNECTOR), ported)
+             for f in findings}
     try:
         python = release_python(version)
         vv = version_of(python)
     except (subprocess.CalledProcessError, OSError, ConfigError) as e:
         return _unrunnable(version, None, f"environment not built: {type(e).__name__}: {e}",
                            findings, t0, {})
-    rel = NativeRelease(vv, python, per_request_field(version), log_root / "observe")
+    probed = any(c.kv_probe for p in plans.values() for c in p.runs.values())
+    rel = NativeRelease(vv, python, per_request_field(version), log_root / "observe",
+                        kv_probe=probed)
     env = {"python": portable(python), "per_request_metrics": rel.per_request_metrics}
     uses, order = ordered_runs(plans)
     if not order:
@@ -196,7 +204,8 @@ def check_release(version: str, findings: list[Finding], out: Path, command: str
     outs = [outcome(f, plans[f.id], uses[f.id], done, broken) for f in findings]
     return ReleaseRecord(version, vv, True, None, round(time.monotonic() - t0, 1), env,
                          rel.plugin_reports(),
-                         [{**asdict(o), "source": counted_by(uses[o.id], done)} for o in outs])
+                         [{**asdict(o), "source": counted_by(uses[o.id], done)} for o in outs],
+                         source)
 
 
 def ordered_runs(plans: dict[str, NativePlan]) -> tuple[dict[str, dict], list]:
@@ -255,22 +264,25 @@ def _unrunnable(version: str, vv: str | None, why: str | None, findings: list[Fi
 
 
 def run(versions: list[str], only: str | None, out: Path, command: str,
-        log_root: Path) -> list[dict]:
-    """Each release's record (kept if already there: delete it to rerun), then the matrix."""
+        log_root: Path, rerun: bool = False) -> list[dict]:
+    """Each release's record (kept if already there: delete it, or ``rerun`` the findings
+    asked for, to run it again), then the matrix."""
     findings = check.select(only)
     records = []
     for v in versions:
         path = out / "history" / v / "check.json"
-        fresh = not path.is_file()
+        fresh = not path.is_file() or rerun
         if fresh:
             print(f"[history] {v}: {len(findings)} findings natively", flush=True)
             r = check_release(v, findings, out / "history" / v, command, log_root / v)
             rec = {**asdict(r), "command": command}
+            if path.is_file():
+                rec = merged(json.loads(path.read_text()), rec)
         else:
             print(f"{portable(path)} exists: {v} is not run again (delete it to rerun)",
                   flush=True)
             rec = json.loads(path.read_text())
-        if "kv_probe_source" not in rec:  # static: added to records made before it existed
+        if rec.get("kv_probe_source") is None:  # static: added to records made before it existed
             rec["kv_probe_source"], fresh = probe_source(v), True
         fresh |= backfill_sources(rec)
         if fresh:
@@ -280,6 +292,21 @@ def run(versions: list[str], only: str | None, out: Path, command: str,
     if out.resolve() == (DATA / "releases").resolve():
         matrix.write_doc_table(df, HISTORY_DOC)
     return records
+
+
+def merged(old: dict, new: dict) -> dict:
+    """``old`` with the findings ``new`` ran again in their place: each outcome's run is in
+    ``reruns`` with its command and seconds, each process's plugin report is kept."""
+    again = {f["id"]: f for f in new["findings"]}
+    out = {**old, "findings": [again.pop(f["id"], f) for f in old["findings"]]}
+    out["findings"] += list(again.values())
+    out["plugin"] = {r: old.get("plugin", {}).get(r, []) + new["plugin"].get(r, [])
+                     for r in {**old.get("plugin", {}), **new["plugin"]}}
+    out["reruns"] = [*old.get("reruns", []), {"command": new["command"],
+                                               "findings": [f["id"] for f in new["findings"]],
+                                               "seconds": new["seconds"], "why": new["why"]}]
+    out["kv_probe_source"] = new.get("kv_probe_source") or old.get("kv_probe_source")
+    return out
 
 
 def backfill_sources(rec: dict) -> bool:

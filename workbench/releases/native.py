@@ -8,7 +8,8 @@ how the servers start: the release's Python (``.venvs/vllm-<release>``), no knob
 (``WORKBENCH_OBSERVE_ONLY``: the plugin installs the release's compatibility fixes and nothing
 else, ``knobs/observe.py``), no NIXL progress delay (a workbench patch), and vLLM's dev mode
 for ``POST /reset_prefix_cache`` (without the knob channel, how each run starts from empty
-prefix caches).
+prefix caches). Where the release's source holds the KV probe's targets, the servers carry the
+probe too (an instrument: it reads KV and changes nothing), answering through request files.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..knobs import compat_fixes, observe
 from ..knobs import spec as knob_spec
 from ..measuring.results import Result
 from ..paths import portable
-from ..serving import channels
+from ..serving import channels, rundir
 from ..serving.servers import ServerSpec
 
 
@@ -39,15 +40,23 @@ class NativeRelease:
     per_request_metrics: bool  # --per-request-spec-decode-metrics exists (0.30.0 on)
     report_dir: Path  # each vLLM process's observe-only report, per role
     fixes_file: Path | None = None  # where each process logs its compatibility fixes
+    kv_probe: bool = False  # the probe's targets hold in the release's source: servers carry it
 
     @property
     def fixes_log(self) -> Path:
         return self.fixes_file or self.report_dir / "fixes.log"
 
+    @property
+    def probe_dir(self) -> Path:
+        """Where the observe-only probe's workers write their state and answer requests."""
+        return self.report_dir / "kv-probe"
+
     def adapt(self, spec: ServerSpec) -> ServerSpec:
         """``spec`` on this release: its Python, observe-only, no flag it lacks."""
         env = {**spec.extra_env, compat_fixes.ENV_LOG: str(self.fixes_log),
-               observe.ENV: str(self.report_dir / f"observe-{spec.role}")}
+               observe.ENV: str(self.report_dir / f"observe-{spec.role}"),
+               **({knob_spec.ENV_OBSERVE_KV_PROBE: str(self.probe_dir)} if self.kv_probe
+                  else {})}
         out = dataclasses.replace(
             spec, python=str(self.python), knobs_file=None, knobs_state_dir=None,
             per_request_metrics=spec.per_request_metrics and self.per_request_metrics,
@@ -62,13 +71,15 @@ class NativeRelease:
 
     def record(self) -> dict[str, Any]:
         return {"version": self.version, "python": portable(self.python),
-                "per_request_metrics": self.per_request_metrics, "mode": "observe-only"}
+                "per_request_metrics": self.per_request_metrics, "mode": "observe-only",
+                "kv_probe": self.kv_probe}
 
 
 def knobs_needed(cfg: ExperimentConfig) -> dict[str, str]:
-    """The knobs a run sets away from vLLM as released (client-side ones act in the client)."""
+    """The knobs a run sets away from vLLM as released (client-side ones act in the client;
+    an instrument, the KV probe, changes nothing: ``NativeRelease.kv_probe`` says if it runs)."""
     return {n: v for n, v in knob_spec.changed(cfg.knobs).items()
-            if not knob_spec.KNOBS[n].client_side}
+            if not (knob_spec.KNOBS[n].client_side or knob_spec.KNOBS[n].instrument)}
 
 
 def version_of(python: Path) -> str:
@@ -85,15 +96,21 @@ class NativeSession(Session):
     knob: another value is refused before any server starts)."""
 
     def __init__(self, release: NativeRelease, log_dir: str | Path | None = None) -> None:
-        super().__init__(log_dir, channel=channels.NoChannel(), dev_mode=True)
+        channel = (channels.ProbeChannel(release.probe_dir) if release.kv_probe
+                   else channels.NoChannel())
+        super().__init__(log_dir, channel=channel, dev_mode=True)
         self.release = release
         self.fleet.adapt = release.adapt
         release.report_dir.mkdir(parents=True, exist_ok=True)
+        if release.kv_probe:
+            rundir.private_dir(release.probe_dir)
+            for f in release.probe_dir.glob("*.json"):  # earlier servers' states
+                f.unlink()
 
     def check_build(self, cfg: ExperimentConfig) -> None:
-        if cfg.kv_probe:
+        if cfg.kv_probe and not self.release.kv_probe:
             raise ConfigError(f"vLLM {self.release.version} runs natively: the KV probe's "
-                              "worker hooks are workbench patches, not installed there")
+                              "targets do not hold in its source, so its servers carry none")
         if changed := knobs_needed(cfg):
             raise ConfigError(f"vLLM {self.release.version} runs natively (the plugin "
                               f"observe-only): knobs {changed} cannot act there")

@@ -109,6 +109,9 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap.add_argument("--all", action="store_true",
                     help=f"with --check: {', '.join(history.ALL_RELEASES)}")
     ap.add_argument("--only", help="with --check: comma-separated finding ids (default: all)")
+    ap.add_argument("--rerun", action="store_true",
+                    help="with --check: run the --only findings again on releases already "
+                    "recorded; their outcomes replace the recorded ones, the others stay")
     ap.add_argument("--log-dir", default=str(REPO / ".cache" / "history"),
                     help="with --check: the servers' logs, per release (default: %(default)s)")
     return ap
@@ -120,11 +123,11 @@ def execute(args: argparse.Namespace, command: str) -> int:
     out = Path(args.out)
     if args.check:
         versions = history.releases_arg(None if args.all else args.vllm, args.all)
-        history.run(versions, args.only, out, command, Path(args.log_dir))
+        history.run(versions, args.only, out, command, Path(args.log_dir), args.rerun)
         print(matrix_table(out), flush=True)
         return 0
-    if args.all or args.only:
-        raise ConfigError("--all and --only go with --check")
+    if args.all or args.only or args.rerun:
+        raise ConfigError("--all, --only and --rerun go with --check")
     if not args.aggregate_only:
         records = survey.load()
         for v in check_releases([x.strip() for x in args.vllm.split(",")], records):

@@ -7,7 +7,9 @@ Three channels, one interface, chosen once per ``Session``:
 * ``HttpChannel``: servers elsewhere; the plugin's worker method ``workbench_knobs`` writes the
   control file on the server's own machine and returns its state files, reached through vLLM's
   dev-mode ``POST /collective_rpc`` (``knobs/http_channel.py``);
-* ``NoChannel``: servers without the plugin's channel: vLLM untouched, only defaults can run.
+* ``NoChannel``: servers without the plugin's channel: vLLM untouched, only defaults can run;
+  ``ProbeChannel``, the same plus the KV probe of the plugin's observe-only mode (old releases
+  run natively), reached through request files as ``FileChannel``'s.
 
 In every case a new version is acknowledged by every component of every role before a run
 starts (``knobs.channel.wait_for_version``), and the values reported are read back from the
@@ -16,6 +18,7 @@ servers' processes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -188,6 +191,46 @@ class NoChannel(KnobChannel):
 
     def in_force(self, servers: dict[str, Any]) -> dict[str, Any]:
         return {}
+
+
+class ProbeChannel(NoChannel):
+    """No knob, only the KV probe that observe-only servers run from their start
+    (``kv_probe.observe``): ``kv_probe: on`` is read back from their workers' state files,
+    and each run starts from a cleared probe, as a new knob version clears it."""
+
+    name = "observe-kv-probe"
+
+    def __init__(self, state_dir: str | Path) -> None:
+        super().__init__()
+        self.files = FileChannel(Path(state_dir) / "unused-knobs.json", state_dir)
+        self.state_dir = self.files.state_dir
+        self.where = self.files.where
+
+    def apply(self, cfg: ExperimentConfig, servers: dict[str, Any],
+              timeout: float = ACK_TIMEOUT_S) -> dict[str, Any]:
+        """The defaults as ``NoChannel``'s, the probe as the workers report it; a run with
+        the probe first clears what earlier runs captured."""
+        out = super().apply(dataclasses.replace(cfg, kv_probe=False), servers, timeout)
+        if cfg.kv_probe:
+            self.kv_probe(servers, {"op": "clear"})
+        for role, st in self.in_force(servers).items():
+            out[role] = {**out[role], **st["knobs"]}
+        out["channel"] = self.name
+        self.version += 1
+        return out
+
+    def in_force(self, servers: dict[str, Any]) -> dict[str, Any]:
+        states = self.files.read_states(servers)
+        return {role: channel.merge_role([s for s in states if s.get("role") == role])
+                for role in servers if any(s.get("role") == role for s in states)}
+
+    def kv_probe(self, servers: dict[str, Any], request: dict) -> list[dict]:
+        workers = {s["role"] for s in self.files.read_states(servers)
+                   if s.get("component") == "worker"}
+        if missing := sorted(set(servers) - workers):
+            raise ConfigError(f"the KV probe is not running in {missing}'s workers (no state "
+                              f"file in {self.state_dir}): its server log says why")
+        return self.files.kv_probe(servers, request)
 
 
 def for_attach(urls: dict[str, str], knobs_file: str | Path | None,
