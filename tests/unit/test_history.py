@@ -269,3 +269,47 @@ def test_a_run_that_dies_in_vllm_stops_the_release_and_names_the_root_cause(tmp_
     done, broken = history.execute(s, order, uses, tmp_path / "out", "cmd", lambda m: None)
     assert s.ran == [f"{f.id}-main"] and "TypeError: Cannot inspect kernel" in broken
     assert done.failed and not any(done.results.values())
+
+
+def test_the_probe_channel_switches_the_observe_only_probe_per_run_and_reads_it_back(tmp_path):
+    """The request-file protocol against the worker side's own ``kv_probe.serve`` (answered
+    here by a loop as ``kv_probe._poll`` answers in a worker): a run with the probe switches
+    it on and clears it, one without switches it off, and ``kv_probe`` in force is what the
+    worker answered."""
+    import os
+    import threading
+
+    from workbench.config import ExperimentConfig
+    from workbench.knobs import kv_probe
+    from workbench.provenance import atomic_write_json
+    from workbench.serving import channels
+
+    probe = kv_probe.PROBE
+    saved = (probe.role, probe.observing, probe.enabled)
+    stop = threading.Event()
+    try:
+        probe.role, probe.observing, probe.enabled = "p", True, False
+        probe.records.append({"stale": True})
+        atomic_write_json(tmp_path / f"p-worker-{os.getpid()}.json",
+                          {"role": "p", "component": "worker", "pid": os.getpid()})
+
+        def poll():
+            while not stop.is_set():
+                for path in tmp_path.glob(kv_probe.REQUEST_GLOB):
+                    req = json.loads(path.read_text())
+                    out = tmp_path / f"kvprobe-resp-{req['id']}-p-{os.getpid()}.json"
+                    if not out.exists():
+                        atomic_write_json(out, kv_probe.serve(req))
+                stop.wait(0.02)
+
+        threading.Thread(target=poll, daemon=True).start()
+        ch = channels.ProbeChannel(tmp_path)
+        on = ch.apply(ExperimentConfig.for_profile("cpu", kv_probe=True), {"p": None})
+        assert on["p"]["kv_probe"] == "on" and probe.enabled and not probe.records
+        assert on["p"]["block_handoff"].startswith("unknown") and on["channel"] == ch.name
+        off = ch.apply(ExperimentConfig.for_profile("cpu"), {"p": None})
+        assert off["p"]["kv_probe"] == "off" and not probe.enabled
+    finally:
+        stop.set()
+        probe.role, probe.observing, probe.enabled = saved
+        probe.records.clear()

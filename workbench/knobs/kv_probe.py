@@ -34,7 +34,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from . import _patch, connector
+from . import _patch, connector, spec
 from .component import Component, log
 from .http_channel import KV_PROBE_METHOD as METHOD
 
@@ -76,6 +76,7 @@ class Probe:
 
     def __init__(self) -> None:
         self.enabled = False
+        self.observing = False  # observe-only: the workbench switches it per run (``serve``)
         self.lock = threading.RLock()
         self.role = os.environ.get("WORKBENCH_ROLE", "unknown")
         self.runner: Any = None
@@ -423,19 +424,18 @@ def observe(state_dir: str, version: str) -> dict[str, Any]:
 
 
 def start_observing(worker, state_dir: str) -> None:
-    """A worker's probe, on for its whole life; its state file says so (the workbench counts
-    the workers that must answer a request, and reads ``kv_probe: on`` back from them)."""
+    """A worker's probe, bound to its KV cache and answering requests from now on, off until
+    a run switches it on; its state file tells the workbench which workers must answer."""
     from ..provenance import atomic_write_json
 
     with PROBE.lock:
-        PROBE.role = os.environ.get("WORKBENCH_ROLE", "unknown")
+        PROBE.role = os.environ.get(spec.ENV_ROLE, "unknown")
         PROBE.bind(worker.model_runner)
-        PROBE.enabled = True
+        PROBE.observing = True
     install_on(type(worker))
     atomic_write_json(Path(state_dir) / f"{PROBE.role}-worker-{os.getpid()}.json",
                       {"role": PROBE.role, "component": "worker", "pid": os.getpid(),
-                       "mode": "observe-only", "knobs": {"kv_probe": "on"},
-                       "workbench_patches": list(_patch.PATCHED),
+                       "mode": "observe-only", "workbench_patches": list(_patch.PATCHED),
                        "kv_probe": PROBE.describe()})
     _start_poller(state_dir)
 
@@ -473,7 +473,12 @@ def serve(request: dict) -> dict[str, Any]:
         if op == "clear":
             _clear()
             return base
-    return {**base, "error": f"unknown op {op!r}; allowed: records, fetch, clear"}
+        if op == "switch" and PROBE.observing:  # no knob channel there to switch it
+            PROBE.enabled = bool(request.get("on"))
+            _clear()
+            return {**base, "enabled": PROBE.enabled}
+    return {**base, "error": f"unknown op {op!r}; allowed: records, fetch, clear (and switch "
+                             "in observe-only mode)"}
 
 
 def _fetch(item: dict) -> dict:

@@ -9,7 +9,8 @@ how the servers start: the release's Python (``.venvs/vllm-<release>``), no knob
 else, ``knobs/observe.py``), no NIXL progress delay (a workbench patch), and vLLM's dev mode
 for ``POST /reset_prefix_cache`` (without the knob channel, how each run starts from empty
 prefix caches). Where the release's source holds the KV probe's targets, the servers carry the
-probe too (an instrument: it reads KV and changes nothing), answering through request files.
+probe too (an instrument: it reads KV and changes nothing), switched per run through request
+files (``channels.ProbeChannel``).
 """
 
 from __future__ import annotations

@@ -194,9 +194,9 @@ class NoChannel(KnobChannel):
 
 
 class ProbeChannel(NoChannel):
-    """No knob, only the KV probe that observe-only servers run from their start
-    (``kv_probe.observe``): ``kv_probe: on`` is read back from their workers' state files,
-    and each run starts from a cleared probe, as a new knob version clears it."""
+    """No knob, only the KV probe that observe-only servers carry (``kv_probe.observe``):
+    each run switches it on or off in every worker and clears it, as a new knob version does,
+    and ``kv_probe`` in force is what the workers answer."""
 
     name = "observe-kv-probe"
 
@@ -208,13 +208,13 @@ class ProbeChannel(NoChannel):
 
     def apply(self, cfg: ExperimentConfig, servers: dict[str, Any],
               timeout: float = ACK_TIMEOUT_S) -> dict[str, Any]:
-        """The defaults as ``NoChannel``'s, the probe as the workers report it; a run with
-        the probe first clears what earlier runs captured."""
-        out = super().apply(dataclasses.replace(cfg, kv_probe=False), servers, timeout)
-        if cfg.kv_probe:
-            self.kv_probe(servers, {"op": "clear"})
-        for role, st in self.in_force(servers).items():
-            out[role] = {**out[role], **st["knobs"]}
+        plain = dataclasses.replace(cfg, kv_probe=False, knobs=dict(cfg.knobs))  # its own dict
+        out = super().apply(plain, servers, timeout)
+        replies = self.kv_probe(servers, {"op": "switch", "on": cfg.kv_probe})
+        for role in servers:
+            got = {r.get("enabled") for r in replies if r.get("role") == role}
+            out[role]["kv_probe"] = {frozenset({True}): "on", frozenset({False}): "off"}.get(
+                frozenset(got), f"workers disagree: {sorted(got, key=str)}")
         out["channel"] = self.name
         self.version += 1
         return out
