@@ -78,7 +78,7 @@ class Probe:
         self.enabled = False
         self.observing = False  # observe-only: the workbench switches it per run (``serve``)
         self.lock = threading.RLock()
-        self.role = os.environ.get("WORKBENCH_ROLE", "unknown")
+        self.role = os.environ.get(spec.ENV_ROLE, "unknown")
         self.runner: Any = None
         self.layers: list[dict] = []  # name, group, tensor, block_dim, slot_dim, kv cache group
         self.reqs: dict[str, dict] = {}  # req_id -> what the scheduler told the worker
@@ -428,8 +428,7 @@ def start_observing(worker, state_dir: str) -> None:
     a run switches it on; its state file tells the workbench which workers must answer."""
     from ..provenance import atomic_write_json
 
-    with PROBE.lock:
-        PROBE.role = os.environ.get(spec.ENV_ROLE, "unknown")
+    with PROBE.lock:  # its role: the server's (``Probe.role``, from the environment)
         PROBE.bind(worker.model_runner)
         PROBE.observing = True
     install_on(type(worker))

@@ -164,14 +164,13 @@ class ReleaseRecord:
     env: dict[str, Any]
     plugin: dict[str, Any]
     findings: list[dict[str, Any]]
-    kv_probe_source: dict[str, Any] | None = None
 
 
 def check_release(version: str, findings: list[Finding], out: Path, command: str,
-                  log_root: Path) -> ReleaseRecord:
-    """Every finding of ``findings`` natively on ``version``; never raises for the release."""
+                  log_root: Path, source: dict[str, Any]) -> ReleaseRecord:
+    """Every finding of ``findings`` natively on ``version``, the KV probe's where its
+    ``probe_source`` (``source``) holds; never raises for the release."""
     t0 = time.monotonic()
-    source = probe_source(version)
     ported = source.get("checks") is not None and source.get("held") == source["checks"]
     plans = {f.id: plan_finding(f, check.connector_base("cpu", CONNECTOR), ported)
              for f in findings}
@@ -204,8 +203,7 @@ def check_release(version: str, findings: list[Finding], out: Path, command: str
     outs = [outcome(f, plans[f.id], uses[f.id], done, broken) for f in findings]
     return ReleaseRecord(version, vv, True, None, round(time.monotonic() - t0, 1), env,
                          rel.plugin_reports(),
-                         [{**asdict(o), "source": counted_by(uses[o.id], done)} for o in outs],
-                         source)
+                         [{**asdict(o), "source": counted_by(uses[o.id], done)} for o in outs])
 
 
 def ordered_runs(plans: dict[str, NativePlan]) -> tuple[dict[str, dict], list]:
@@ -274,15 +272,16 @@ def run(versions: list[str], only: str | None, out: Path, command: str,
         fresh = not path.is_file() or rerun
         if fresh:
             print(f"[history] {v}: {len(findings)} findings natively", flush=True)
-            r = check_release(v, findings, out / "history" / v, command, log_root / v)
-            rec = {**asdict(r), "command": command}
+            source = probe_source(v)
+            r = check_release(v, findings, out / "history" / v, command, log_root / v, source)
+            rec = {**asdict(r), "command": command, "kv_probe_source": source}
             if path.is_file():
                 rec = merged(json.loads(path.read_text()), rec)
         else:
             print(f"{portable(path)} exists: {v} is not run again (delete it to rerun)",
                   flush=True)
             rec = json.loads(path.read_text())
-        if rec.get("kv_probe_source") is None:  # static: added to records made before it existed
+        if "kv_probe_source" not in rec:  # static: added to records made before it existed
             rec["kv_probe_source"], fresh = probe_source(v), True
         fresh |= backfill_sources(rec)
         if fresh:
