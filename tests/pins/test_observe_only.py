@@ -109,3 +109,17 @@ def test_observe_only_and_knobs_together_are_refused(tmp_path):
                                                  spec.ENV_CONTROL_FILE: str(tmp_path / "k")})
     assert not out and reports == []
     assert "observe-only installs no knob" in err
+
+
+def test_the_instruments_share_one_worker_start_wrap_on_the_old_release(old_vllm, tmp_path):
+    """Both observe-only instruments asked for on 0.24.0's code: each checks its targets in
+    0.24.0's own source, and both hook the one wrap of ``Worker.initialize_from_config``
+    (a second patch of one method would be a no-op, and one of them would be lost)."""
+    out, [report], err = probe(tmp_path, old_vllm, **{
+        spec.ENV_OBSERVE_ONLY: str(tmp_path / "observe"), spec.ENV_OBSERVE_AFFINITY: "1",
+        spec.ENV_OBSERVE_KV_PROBE: str(tmp_path / "probe")})
+    assert out, err[-3000:]
+    assert report["kv_probe"]["installed"] and report["affinity"]["installed"], report
+    assert out["patched"] == ["Worker.initialize_from_config"]
+    wrapped = "vllm.v1.worker.gpu_worker:Worker.initialize_from_config"
+    assert report["workbench_patches"] == [wrapped]

@@ -147,6 +147,15 @@ def test_worker_and_runner_hooks():
     assert release.runner_kind(object.__new__(CPUModelRunner)) == "v1"
 
 
+def test_observe_only_instruments_targets():
+    """What the observe-only instruments check in each process before they patch
+    (``cpu_pin.observe``, ``kv_probe.observe``) holds on the installed release."""
+    from workbench.knobs import cpu_pin, kv_probe
+
+    _check(cpu_pin.OBSERVE_TARGETS + cpu_pin.TARGETS + kv_probe.WORKER_TARGETS)
+    _source(cpu_pin.OBSERVE_SOURCE + cpu_pin.SOURCE + kv_probe.SOURCE)
+
+
 def test_patch_helper_is_idempotent_and_reversible():
     from workbench.knobs import _patch
 

@@ -28,7 +28,7 @@ def test_a_native_run_feeds_only_findings_whose_own_run_sets_no_knob():
     prefix = history.plan_finding(FINDINGS["prefix-cache-drafter-kv"], BASE)
     assert prefix.why_not and "KV probe" in prefix.why_not and "kv_probe_source" in prefix.why_not
     thread = history.plan_finding(FINDINGS["nixl-cpu-forward-thread"], BASE)
-    assert "sched_getaffinity" in thread.why_not
+    assert "sched_getaffinity" in thread.why_not and "affinity_source" in thread.why_not
     example = history.plan_finding(FINDINGS["example-chunked-store"], BASE)
     assert "connector example only" in example.why_not
     assert not native.knobs_needed(padded.runs["main"])
@@ -38,14 +38,28 @@ def test_where_the_probes_targets_hold_the_findings_that_read_it_alone_run_nativ
     """The KV probe is an instrument: where its targets hold in a release's source, the
     findings whose runs set no knob but the probe run with every control; those that also
     need host staging (a knob) stay not-applicable for that reason."""
+    probe = frozenset({"kv_probe"})
     for fid in ("chunked-prefill-drafter-kv", "prefix-cache-drafter-kv"):
-        p = history.plan_finding(FINDINGS[fid], BASE, probe=True)
+        p = history.plan_finding(FINDINGS[fid], BASE, probe)
         assert p.why_not is None and p.runs["main"].kv_probe and not p.not_run, (fid, p)
         assert set(p.runs) == {"main", "negative"}
-    host = history.plan_finding(FINDINGS["host-buffer-chunk-boundary"], BASE, probe=True)
+    host = history.plan_finding(FINDINGS["host-buffer-chunk-boundary"], BASE, probe)
     assert "transfer" in host.why_not
-    thread = history.plan_finding(FINDINGS["nixl-cpu-forward-thread"], BASE, probe=True)
+    thread = history.plan_finding(FINDINGS["nixl-cpu-forward-thread"], BASE, probe)
     assert "sched_getaffinity" in thread.why_not
+
+
+def test_where_cpu_pins_targets_hold_the_forward_thread_runs_natively_without_its_restore():
+    """The forward thread's cores are read observe-only where ``cpu_pin``'s targets hold; its
+    negative control reads them after the CPU profile's restore, which observe-only never
+    makes, so it is not run, with that reason."""
+    p = history.plan_finding(FINDINGS["nixl-cpu-forward-thread"], BASE, frozenset({"affinity"}))
+    assert p.why_not is None and set(p.runs) == {"main"} and not p.runs["main"].kv_probe
+    assert "cpu_pin.restore" in p.not_run["negative"]
+    assert not native.knobs_needed(p.runs["main"])
+    sources = {"kv_probe": {"held": 6, "checks": 6}, "affinity": {"held": 3, "checks": 4}}
+    plans = history.plans_for([FINDINGS["nixl-cpu-forward-thread"]], sources)
+    assert "affinity_source" in plans["nixl-cpu-forward-thread"].why_not
 
 
 def test_a_rerun_replaces_only_the_findings_it_ran():
@@ -61,6 +75,35 @@ def test_a_rerun_replaces_only_the_findings_it_ran():
     assert got["command"] == "first" and got["plugin"]["p"] == [{"pid": 1}, {"pid": 2}]
     assert got["reruns"] == [{"command": "again", "findings": ["b"], "seconds": 120.0,
                               "why": None}]
+
+
+def test_a_planned_reason_follows_todays_plan_and_a_measured_outcome_stays():
+    """A record made before a port keeps its measurements; the reasons it gave for findings
+    it never ran are those the plan gives now (the probe's source check of the record)."""
+    stale = "reads the KV probe: observe-only installs none of it"
+
+    def rec(started: bool, held: int) -> dict:
+        return {"started": started, "kv_probe_source": {"held": held, "checks": 6},
+                "affinity_source": {"held": 1, "checks": 4}, "findings": [
+            {"id": "chunked-prefill-drafter-kv", "verdict": NOT_APPLICABLE, "evidence":
+             {"why": stale}, "results": []},
+            {"id": "host-buffer-chunk-boundary", "verdict": NOT_APPLICABLE, "evidence":
+             {"why": stale}, "results": []},
+            {"id": "stale-last-block", "verdict": PRESENT, "evidence": {}, "results": ["r"]}]}
+
+    old = rec(True, 5)
+    assert history.replanned(old)
+    got = {o["id"]: o["evidence"].get("why") for o in old["findings"]}
+    assert "kv_probe_source" in got["chunked-prefill-drafter-kv"]
+    assert "kv_probe_source" in got["host-buffer-chunk-boundary"]
+    assert got["stale-last-block"] is None and not history.replanned(old)
+    ported = rec(True, 6)  # the plan would run the first now: only a rerun may change it
+    assert history.replanned(ported)
+    got = {o["id"]: o["evidence"].get("why") for o in ported["findings"]}
+    assert got["chunked-prefill-drafter-kv"] == stale
+    assert "'transfer': 'host-staged'" in got["host-buffer-chunk-boundary"]
+    unstarted = rec(False, 5)
+    assert not history.replanned(unstarted) and unstarted["findings"][0]["evidence"]["why"] == stale
 
 
 def _rows(extra: int, d_first: int | None, same_accepts: bool = True) -> list[dict]:
@@ -155,15 +198,29 @@ def test_a_report_says_since_when_a_finding_is_present(tmp_path):
             _record("0.23.0", {"a": "absent", "b": PRESENT, "c": NOT_APPLICABLE}),
             _record("0.24.0", {"a": "absent", "b": PRESENT, "c": NOT_APPLICABLE}),
             _record("0.25.1", {"a": PRESENT, "b": "absent", "c": NOT_APPLICABLE}),
+            _record("0.30.0", {"a": NOT_APPLICABLE, "b": "absent", "c": NOT_APPLICABLE}),
             _record("0.32.0", {"a": PRESENT, "b": "absent", "c": NOT_APPLICABLE})]
     matrix.write(tmp_path, recs, "python -m workbench releases --check")
     csv = tmp_path / matrix.CSV_NAME
     assert timeline.since("a", csv) == (
         "present natively since 0.25.1 (0.19.1 not-applicable; 0.23.0-0.24.0 absent; "
-        "0.25.1-0.32.0 present; findings-matrix.csv)")
+        "0.25.1 present; 0.30.0 not-applicable; 0.32.0 present; findings-matrix.csv)")
     assert timeline.since("b", csv).startswith("present natively on 0.23.0-0.24.0 only")
     assert timeline.since("c", csv).startswith("not measurable natively on any release")
     assert timeline.since("z", csv) is None
+
+
+def test_every_committed_report_says_what_the_committed_matrix_says():
+    """A report's "Across releases" line is ``timeline.since`` of the committed matrix: when
+    the matrix changes, the reports are written again (``check.rejudge``)."""
+    from workbench.findings import timeline
+
+    reports = [r for r in DATA.rglob("*.md") if r.stem in FINDINGS
+               and "Across releases: " in r.read_text()]
+    assert reports
+    for r in reports:
+        line = next(ln for ln in r.read_text().splitlines() if ln.startswith("Across releases"))
+        assert line == f"Across releases: {timeline.since(r.stem)}.", r
 
 
 def test_a_release_that_cannot_start_is_recorded_with_its_root_cause(tmp_path):
@@ -237,6 +294,47 @@ def test_a_release_that_holds_the_probes_targets_carries_it_in_every_server(tmp_
                                                        kv_probe=True))
         with pytest.raises(ConfigError, match="not running"):
             s.channel.kv_probe({"p": None}, {"op": "records"})
+
+
+def test_the_forward_threads_cores_reach_the_detector_from_the_live_workers_only(tmp_path):
+    """Servers asked for it get ``WORKBENCH_OBSERVE_AFFINITY``; each worker's file (the hook
+    ``cpu_pin.observe`` installs on the installed release, run here) reaches the result under
+    ``knobs.detail`` as the knob channel's does, an earlier server's worker's does not, and
+    the finding's detector reads it."""
+    import os
+    import subprocess
+
+    from workbench.config import ExperimentConfig
+    from workbench.findings import nixl_cpu_forward_thread as thread
+    from workbench.knobs import cpu_pin, release
+    from workbench.knobs import spec as knob_spec
+    from workbench.provenance import atomic_write_json
+    from workbench.releases.native import NativeRelease
+    from workbench.serving.plan import server_specs
+
+    rel = NativeRelease("0.28.0", tmp_path / "python", False, tmp_path / "obs", affinity=True)
+    for spec in server_specs(ExperimentConfig.for_profile("cpu"), tmp_path):
+        assert rel.adapt(spec).env()[knob_spec.ENV_OBSERVE_AFFINITY] == "1"
+    report, hook = cpu_pin.observe(str(tmp_path / "obs" / "observe-p"),
+                                   release.vllm_version())
+    assert report["installed"], report
+    (tmp_path / "obs" / "observe-p").mkdir(parents=True)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0"
+    try:
+        hook(None)
+    finally:
+        del os.environ["VLLM_CPU_OMP_THREADS_BIND"]
+    gone = subprocess.Popen(["true"])  # a pid no process holds once reaped
+    gone.wait()
+    atomic_write_json(tmp_path / "obs" / "observe-d" / f"affinity-{gone.pid}.json",
+                      {"pid": gone.pid, "role": "d", "info": {}})
+    detail = rel.workers()
+    assert set(detail) == {"p"}
+    [w] = detail["p"]["components"]["worker"]
+    assert w["pid"] == os.getpid() and w["info"]["omp_threads_bind"] == [0]
+    mine = sorted(os.sched_getaffinity(0))
+    verdict, ev = thread.detect({"knobs": {"detail": detail}})
+    assert verdict == ("absent" if mine == [0] else "present"), ev
 
 
 def test_a_run_that_dies_in_vllm_stops_the_release_and_names_the_root_cause(tmp_path):

@@ -92,6 +92,22 @@ def test_cpu_attn_slot_order_is_learnt_from_vllms_own_kernel():
     assert torch.count_nonzero(rows[[s for s in range(bs) if s != 5]]) == 0
 
 
+def test_the_isa_is_read_where_each_release_keeps_it_and_never_guessed():
+    """From 0.29.0 the layer carries ``isa``; up to 0.28.0 only its backend impl does. With
+    neither, the probe refuses: a logical slot of a CPU_ATTN block is not a token (the ``vec``
+    ISA stores one token's K across half the block's rows)."""
+    assert kv_probe.layer_isa(SimpleNamespace(isa="vec", impl=None)) == "vec"
+    assert kv_probe.layer_isa(SimpleNamespace(impl=SimpleNamespace(isa="vec"))) == "vec"
+    layer = {"name": "l", "backend": "CPU_ATTN", "tensor": torch.zeros(3, 2, 32, 64),
+             "block_dim": 0, "slot_dim": 2, "block_size": 32,
+             "module": SimpleNamespace(impl=SimpleNamespace())}
+    with pytest.raises(RuntimeError, match="no ISA"):
+        kv_probe.slots(layer, [0])
+    layer["module"].impl.isa = "vec"
+    assert kv_probe.slots(layer, [0]).shape == (1, 32, 128)
+    assert layer["order_note"] == "learnt from isa 'vec'"
+
+
 def test_identical_records_compare_identical(kv):
     d = record(kv, GROUPS, n=10)
     c = kv_compare.compare(d, record(kv, GROUPS, n=10))

@@ -65,6 +65,12 @@ class Finding:
     # plugin inside vLLM's processes).
     reads: str = "each response's metrics.speculative_decoding"
     standalone: bool = True
+    # A native run of an old release (``releases --check``, the plugin observe-only): the
+    # observe-only instrument that feeds the detector where the release's source allows it
+    # ("affinity": ``cpu_pin.observe``; the KV probe: any run with ``kv_probe``), and the
+    # controls such a run cannot make, with why.
+    observes: str | None = None
+    native_not_run: dict[str, str] = field(default_factory=dict)
     # What the standalone reproduction's last line reports: "drafts" (D's drafts minus the
     # baseline's), "tokens" (requests whose tokens differ) or "inside" (read in vLLM's
     # processes only: the script shows the acceptance side and says so).

@@ -58,6 +58,9 @@ FINDING = Finding(
     connectors=connector.with_nixl(),
     reads="each P and D worker's forward-thread affinity (os.sched_getaffinity in the worker)",
     standalone=False,
+    observes="affinity",
+    native_not_run={"negative": "reads the thread after the CPU profile's restore "
+                                "(cpu_pin.restore), which observe-only never makes"},
     measured=("each P and D worker's forward-thread affinity right after vLLM built the "
               "connector, and after the CPU profile's restore, against "
               "VLLM_CPU_OMP_THREADS_BIND",),

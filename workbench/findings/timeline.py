@@ -45,10 +45,12 @@ def since(finding: str, path: Path = MATRIX) -> str | None:
         return None
     sp = spans(pairs)
     present = [s for s in sp if s[2] == "present"]
+    # a release that cannot run it (not-applicable) between two present ones ends no span
+    measured = [v for _, v in pairs if v != "not-applicable"]
     if not present:
         head = ("not measurable natively on any release" if all(
             s[2] == "not-applicable" for s in sp) else "not present natively on any release")
-    elif present[-1][1] == pairs[-1][0] and len(present) == 1:
+    elif set(measured[measured.index("present"):]) == {"present"}:
         head = f"present natively since {present[0][0]}"
     else:
         head = "present natively on " + ", ".join(_span(s) for s in present) + " only"

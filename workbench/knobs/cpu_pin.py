@@ -18,7 +18,10 @@ worker's ``info`` (``main_thread_cpus_vllm``, ``main_thread_cpus``).
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
+from . import spec
 from .spec import ENV_PIN_MAIN_THREAD as ENV
 
 TARGETS = (
@@ -44,11 +47,55 @@ def parse_cpus(mask: str) -> set[int] | None:
     return cores or None
 
 
+def observed() -> dict[str, list[int] | None]:
+    """This thread's cores as vLLM left them, and the cores the server was given."""
+    want = parse_cpus(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""))
+    return {"main_thread_cpus_vllm": sorted(os.sched_getaffinity(0)),
+            "omp_threads_bind": sorted(want) if want else None}
+
+
 def restore() -> dict[str, list[int] | None]:
     """Put this thread back on the server's bound cores if asked and if they differ."""
-    before = sorted(os.sched_getaffinity(0))
-    want = parse_cpus(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""))
-    if os.environ.get(ENV) == "1" and want and set(before) != want:
+    seen = observed()
+    want = seen["omp_threads_bind"]
+    if os.environ.get(ENV) == "1" and want and seen["main_thread_cpus_vllm"] != want:
         os.sched_setaffinity(0, want)
-    return {"main_thread_cpus_vllm": before, "main_thread_cpus": sorted(os.sched_getaffinity(0)),
-            "omp_threads_bind": sorted(want) if want else None}
+    return {**seen, "main_thread_cpus": sorted(os.sched_getaffinity(0))}
+
+
+# Observe-only: where the worker builds its connector, so whatever the release's NIXL worker
+# does to the thread is done by then (a reading: which class does it is not needed for it).
+OBSERVE_TARGETS = (
+    ("vllm.v1.worker.gpu_worker", "Worker", "initialize_from_config", None),
+)
+OBSERVE_SOURCE = (
+    ("vllm.v1.worker.gpu_worker", "Worker.initialize_from_config",
+     ("ensure_kv_transfer_initialized(self.vllm_config",)),
+)
+REPORT_GLOB = "affinity-*.json"
+
+
+def observe(report_dir: str, version: str) -> tuple[dict[str, Any], Any]:
+    """Observe-only (``observe.py``): each worker writes its forward thread's cores right after
+    ``Worker.initialize_from_config`` built the NIXL connector, and moves nothing back, where
+    ``OBSERVE_TARGETS`` and ``OBSERVE_SOURCE`` hold in the running release's own source
+    (checked here, in each process, as ``build`` checks a knob's). Returns the report and the
+    worker's hook."""
+    from .patch_checks import checks_for
+    from .source import installed_source
+
+    src = installed_source(version)
+    failed = {c.name: where for c in checks_for(OBSERVE_TARGETS, OBSERVE_SOURCE)
+              for ok, where in [c.run(src)] if not ok}
+    if failed:
+        return {"installed": False, "failed": failed}, None
+    return ({"installed": True, "after": "Worker.initialize_from_config"},
+            lambda _worker: write_observed(Path(report_dir)))
+
+
+def write_observed(report_dir: Path) -> None:
+    from ..provenance import atomic_write_json
+
+    atomic_write_json(report_dir / f"affinity-{os.getpid()}.json",
+                      {"pid": os.getpid(), "role": os.environ.get(spec.ENV_ROLE),
+                       "info": observed()})

@@ -172,17 +172,21 @@ def slot_order(layer: dict):
 
     ``CPUAttentionBackendImpl.do_kv_cache_update`` views the ``[B, H, N, 2D]`` cache as
     ``[B, H, 2N, D]`` and ``ops.cpu_attn_reshape_and_cache`` packs K and V by its ISA
-    (``layer.isa``), so a "slot" of the logical view is not a token. Learnt once from vLLM's
+    (:func:`layer_isa`), so a "slot" of the logical view is not a token (the ``vec`` ISA
+    stores K column-major: one token's K spans half the block's rows). Learnt once from vLLM's
     own kernel: one scratch block written with every value numbered by its place."""
     if layer["backend"] != "CPU_ATTN" or "order" in layer:
         return layer.get("order")
     import torch
 
     kv, bs = layer["tensor"], layer["block_size"]
-    isa = getattr(layer["module"], "isa", None)
-    if isa is None or kv.dtype != torch.float32 or kv.ndim != 4:
-        layer["order"], layer["order_note"] = None, "logical view (no ISA / not float32)"
+    if kv.dtype != torch.float32 or kv.ndim != 4:
+        layer["order"], layer["order_note"] = None, "logical view (not float32)"
         return None
+    isa = layer_isa(layer["module"])
+    if isa is None:  # a logical slot is not a token here: digests would blame wrong positions
+        raise RuntimeError(f"CPU_ATTN layer {layer['name']} has no ISA (layer.isa, "
+                           "layer.impl.isa): its slots cannot be mapped to tokens")
     from vllm import _custom_ops as ops
 
     h, d = kv.shape[1], kv.shape[3] // 2
@@ -196,6 +200,14 @@ def slot_order(layer: dict):
     order[where] = torch.arange(where.numel())
     layer["order"], layer["order_note"] = order.to(kv.device), f"learnt from isa {isa!r}"
     return layer["order"]
+
+
+def layer_isa(module) -> str | None:
+    """The ISA CPU_ATTN packs a layer's KV by: ``layer.isa``, which
+    ``CPUAttentionMetadataBuilder._set_isa_to_layers`` sets and ``do_kv_cache_update`` passes
+    from 0.29.0, else the backend's own ``CPUAttentionBackendImpl.isa``, which it passes
+    before."""
+    return getattr(module, "isa", None) or getattr(getattr(module, "impl", None), "isa", None)
 
 
 def _weights(n: int, device) -> tuple[Any, Any]:
@@ -252,7 +264,8 @@ def capture(req_id: str) -> None:
            "block_ids": [list(b) for b in info["block_ids"]],
            "block_size": PROBE.layers[0]["block_size"] if PROBE.layers else None,
            "layers": layers, "capture_s": round(took, 6), "t": time.time(),
-           "prefill_chunks": info.get("chunks")}
+           "prefill_chunks": info.get("chunks"),
+           "slot_order": sorted({la["order_note"] for la in PROBE.layers if "order_note" in la})}
     with PROBE.lock:
         PROBE.records.append(rec)
         _keep(rec["key"], snap, nbytes)
@@ -394,13 +407,12 @@ def apply(comp: Component, knobs: dict, seed: int) -> tuple[str, dict[str, Any]]
     return value, {}
 
 
-def observe(state_dir: str, version: str) -> dict[str, Any]:
+def observe(state_dir: str, version: str) -> tuple[dict[str, Any], Any]:
     """Observe-only (``observe.py``): the probe on from each worker's start, answering request
     files in ``state_dir``, where its targets and source facts hold in the running release's
     own source (checked here, in each process, as ``build`` checks a knob's). It only reads
-    KV, so a native run of an old release may carry it."""
-    from vllm.v1.worker.gpu_worker import Worker
-
+    KV, so a native run of an old release may carry it. Returns the report and the hook each
+    worker runs after ``Worker.initialize_from_config`` (None: not installed)."""
     from .patch_checks import checks_for
     from .source import installed_source
 
@@ -408,19 +420,10 @@ def observe(state_dir: str, version: str) -> dict[str, Any]:
     failed = {c.name: where for c in checks_for(WORKER_TARGETS, SOURCE)
               for ok, where in [c.run(src)] if not ok}
     if failed:
-        return {"installed": False, "failed": failed}
-
-    def wrap_init(orig):
-        def initialize_from_config(self, *args, **kwargs):
-            out = orig(self, *args, **kwargs)
-            _guarded(start_observing, self, state_dir)
-            return out
-
-        return initialize_from_config
-
-    _patch.patch(Worker, "initialize_from_config", wrap_init)
-    return {"installed": True, "state_dir": state_dir,
-            "at_worker_start": ["Worker.execute_model", "Worker.sample_tokens"]}
+        return {"installed": False, "failed": failed}, None
+    return ({"installed": True, "state_dir": state_dir,
+             "at_worker_start": ["Worker.execute_model", "Worker.sample_tokens"]},
+            lambda worker: _guarded(start_observing, worker, state_dir))
 
 
 def start_observing(worker, state_dir: str) -> None:

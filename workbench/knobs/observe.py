@@ -9,9 +9,11 @@ on the CPU at all (``compat_fixes.py``). With ``WORKBENCH_OBSERVE_ONLY`` set to 
 compatibility fixes that apply to the running release, and each vLLM process (API server,
 engine core, worker) writes ``observe-<pid>.json`` there, so a result can list what was applied
 and show that no workbench patch was (``_patch.PATCHED``, every patch this package installs, is
-empty). One instrument may join them: with ``WORKBENCH_OBSERVE_KV_PROBE`` set to a state
-directory, the KV probe (``kv_probe.observe``), which reads KV and changes nothing, where its
-targets hold in the running release's source; its patches are then the only ones listed."""
+empty). Two instruments may join them, each where its targets hold in the running release's source,
+and each reading only: with ``WORKBENCH_OBSERVE_KV_PROBE`` set to a state directory, the KV
+probe (``kv_probe.observe``); with ``WORKBENCH_OBSERVE_AFFINITY=1``, each worker's forward-thread
+cores once NIXL's worker set them (``cpu_pin.observe``). Their patches are then the only ones
+listed."""
 
 from __future__ import annotations
 
@@ -32,11 +34,20 @@ def install(report_dir: str) -> dict[str, Any]:
     """Install the running release's compatibility fixes, and write this process's report."""
     version = vllm_version()
     applied = compat_fixes.install(version)
-    probe = None
+    probe = affinity = None
+    hooks = []
     if state_dir := os.environ.get(spec.ENV_OBSERVE_KV_PROBE):
         from . import kv_probe
 
-        probe = kv_probe.observe(state_dir, version)
+        probe, hook = kv_probe.observe(state_dir, version)
+        hooks += [hook] if hook else []
+    if os.environ.get(spec.ENV_OBSERVE_AFFINITY) == "1":
+        from . import cpu_pin
+
+        affinity, hook = cpu_pin.observe(report_dir, version)
+        hooks += [hook] if hook else []
+    if hooks:
+        at_worker_start(hooks)
     report = {
         "mode": "observe-only",
         "vllm_version": version,
@@ -46,6 +57,7 @@ def install(report_dir: str) -> dict[str, Any]:
         "compat_fixes_applied": applied,
         "workbench_patches": list(_patch.PATCHED),
         "kv_probe": probe,  # None: not asked for
+        "affinity": affinity,  # None: not asked for
         "role": os.environ.get(spec.ENV_ROLE),
         "pid": os.getpid(),
         "argv": sys.argv[:3],
@@ -54,6 +66,27 @@ def install(report_dir: str) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / f"observe-{os.getpid()}.json", report)
     return report
+
+
+def at_worker_start(hooks: list) -> None:
+    """The instruments' hooks, run in each worker once ``Worker.initialize_from_config`` built
+    its KV cache and connector (one wrap: a second patch of a method is a no-op)."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    def wrap_init(orig):
+        def initialize_from_config(self, *args, **kwargs):
+            out = orig(self, *args, **kwargs)
+            for hook in hooks:
+                try:
+                    hook(self)
+                except Exception as e:  # noqa: BLE001 - an instrument never takes a worker down
+                    print(f"[workbench observe-only] a worker-start hook failed: "
+                          f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            return out
+
+        return initialize_from_config
+
+    _patch.patch(Worker, "initialize_from_config", wrap_init)
 
 
 def reports(report_dir: Path) -> list[dict[str, Any]]:

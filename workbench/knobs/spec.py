@@ -31,6 +31,7 @@ ENV_NIXL_PROGRESS_DELAY_US = "WORKBENCH_NIXL_PROGRESS_DELAY_US"  # see nixl_prog
 ENV_PIN_MAIN_THREAD = "WORKBENCH_PIN_MAIN_THREAD"  # "1": see cpu_pin.py
 ENV_OBSERVE_ONLY = "WORKBENCH_OBSERVE_ONLY"  # a directory: no knob, see observe.py
 ENV_OBSERVE_KV_PROBE = "WORKBENCH_OBSERVE_KV_PROBE"  # with it: the KV probe, see observe.py
+ENV_OBSERVE_AFFINITY = "WORKBENCH_OBSERVE_AFFINITY"  # "1": the forward thread's cores, ditto
 
 # A hook: "module:function" (a module of this package or any importable one), or a callable.
 HookRef = str | Callable[..., Any]

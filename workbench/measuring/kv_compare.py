@@ -186,7 +186,10 @@ def _request(key: str, recs: dict) -> dict | None:
                            # tokens per step of P's and the baseline's prefill (several:
                            # chunked, which moves the drafter's KV; README, "The KV probe")
                            "prefill_chunks": {role: (recs.get(role, {}).get(key) or {}).get(
-                               "prefill_chunks") for role in ("p", "baseline")}}
+                               "prefill_chunks") for role in ("p", "baseline")},
+                           # how each server mapped a block's slots to tokens (slot_order)
+                           "slot_order": {role: (recs.get(role, {}).get(key) or {}).get(
+                               "slot_order") for role in ("d", "p", "baseline")}}
     for name, role in REFERENCES.items():
         out[name] = compare(d, recs.get(role, {}).get(key))
     out["vs_p"]["block_shift"] = block_shift(d, recs.get("p", {}).get(key))

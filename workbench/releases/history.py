@@ -9,11 +9,11 @@ environment cannot be built or whose servers cannot start is recorded with the r
 the next release goes on.
 
 What a native run cannot give: a knob (the plugin is observe-only, so controls that set one
-are not run, and a finding whose own run sets one is not-applicable), the KV probe (its worker
-hooks are workbench patches) and readings taken by the plugin inside vLLM's workers (the
-forward thread's affinity). Per-request spec-decode counts come from ``/metrics`` scrapes
-around one request at a time before 0.29.0 (``measure.py``), which every detector fed here
-reads the same way.
+are not run, and a finding whose own run sets one is not-applicable), and the readings the
+plugin takes inside vLLM's workers where the release's source does not hold an instrument's
+targets (``INSTRUMENTS``: the KV probe, the forward thread's cores). Per-request spec-decode
+counts come from ``/metrics`` scrapes around one request at a time before 0.29.0
+(``measure.py``), which every detector fed here reads the same way.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, ExperimentConfig
-from ..findings import check
+from ..findings import FINDINGS, check
 from ..findings.finding import INCONCLUSIVE, NOT_APPLICABLE, Finding
 from ..knobs.release import base_version, version_key, vllm_version
 from ..paths import DATA, REPO, portable, resolve
@@ -61,24 +61,28 @@ class NativePlan:
     why_not: str | None = None
 
 
-def plan_finding(f: Finding, base: dict, probe: bool = False) -> NativePlan:
+def plan_finding(f: Finding, base: dict, ported: frozenset[str] = frozenset()) -> NativePlan:
     """What of ``f`` a native run can feed: a finding on another connector, one that reads
-    inside vLLM's workers what the plugin takes there (the KV probe only where ``probe``: its
-    targets hold in the release's source), or whose own run sets a knob, cannot."""
+    inside vLLM's workers what the plugin takes there (an instrument of ``INSTRUMENTS`` only
+    where ``ported``: its targets hold in the release's source), or whose own run sets a
+    knob, cannot."""
     if f.connectors and CONNECTOR not in f.connectors:
         return NativePlan(why_not=f"applies to connector {', '.join(f.connectors)} only; "
                                   "native runs take NIXL pull")
     cfgs = check.runs_of(f, base)
-    if cfgs["main"].kv_probe and not probe:
-        return NativePlan(why_not=f"reads {f.reads}: the probe's targets do not hold in this "
-                                  "release's source (kv_probe_source)")
-    if not (f.standalone or cfgs["main"].kv_probe):
+    needs = "kv_probe" if cfgs["main"].kv_probe else f.observes
+    if needs and needs not in ported:
+        return NativePlan(why_not=f"reads {f.reads}: its targets do not hold in this "
+                                  f"release's source ({needs}_source)")
+    if not (f.standalone or needs):
         return NativePlan(why_not=f"reads {f.reads}: the workbench plugin takes it inside "
                                   "vLLM's workers, and observe-only installs none of it")
     if need := knobs_needed(cfgs["main"]):
         return NativePlan(why_not=f"its own run sets knobs {need}; observe-only sets none")
-    out = NativePlan()
+    out = NativePlan(not_run=dict(f.native_not_run))
     for which, cfg in cfgs.items():
+        if which in out.not_run:
+            continue
         if need := knobs_needed(cfg):
             out.not_run[which] = f"sets knobs {need}; observe-only sets none"
         else:
@@ -134,11 +138,22 @@ def per_request_field(version: str) -> bool:
     return version_key(version) >= version_key("0.29.0")
 
 
-def probe_source(version: str) -> dict[str, Any]:
-    """Whether the KV probe's patch targets and source facts (``kv_probe.WORKER_TARGETS`` /
-    ``SOURCE``) hold in the release's own source, read from its wheel as ``compat`` reads one:
-    where they hold, the probe could be ported to the release; where not, what is missing."""
-    from ..knobs import kv_probe
+def instrument_checks() -> dict[str, tuple]:
+    """Each observe-only instrument's patch targets and source facts, as its module checks
+    them in each vLLM process (``kv_probe.observe``, ``cpu_pin.observe``)."""
+    from ..knobs import cpu_pin, kv_probe
+
+    return {"kv_probe": (kv_probe.WORKER_TARGETS, kv_probe.SOURCE),
+            "affinity": (cpu_pin.OBSERVE_TARGETS, cpu_pin.OBSERVE_SOURCE)}
+
+
+INSTRUMENTS = ("kv_probe", "affinity")
+
+
+def probe_source(version: str, instrument: str = "kv_probe") -> dict[str, Any]:
+    """Whether an instrument's patch targets and source facts hold in the release's own
+    source, read from its wheel as ``compat`` reads one: where they hold, the instrument is
+    ported to the release; where not, what is missing."""
     from ..knobs.patch_checks import checks_for
     from ..knobs.source import WheelSource, installed_source
 
@@ -147,9 +162,19 @@ def probe_source(version: str) -> dict[str, Any]:
                else WheelSource(survey.fetch_cpu_wheel(version)))
     except (OSError, subprocess.CalledProcessError) as e:
         return {"error": f"{type(e).__name__}: {e}"}
-    rows = [(c.name, *c.run(src)) for c in checks_for(kv_probe.WORKER_TARGETS, kv_probe.SOURCE)]
+    rows = [(c.name, *c.run(src)) for c in checks_for(*instrument_checks()[instrument])]
     return {"held": sum(ok for _, ok, _ in rows), "checks": len(rows),
             "failed": {name: where for name, ok, where in rows if not ok}}
+
+
+def sources_of(version: str) -> dict[str, dict[str, Any]]:
+    """``{instrument: probe_source}``: what each record keeps as ``<instrument>_source``."""
+    return {i: probe_source(version, i) for i in INSTRUMENTS}
+
+
+def held(source: dict[str, Any] | None) -> bool:
+    return bool(source) and source.get("checks") is not None and source.get("held") == \
+        source["checks"]
 
 
 @dataclass
@@ -167,13 +192,13 @@ class ReleaseRecord:
 
 
 def check_release(version: str, findings: list[Finding], out: Path, command: str,
-                  log_root: Path, source: dict[str, Any]) -> ReleaseRecord:
-    """Every finding of ``findings`` natively on ``version``, the KV probe's where its
-    ``probe_source`` (``source``) holds; never raises for the release."""
+                  log_root: Path, sources: dict[str, dict[str, Any]]) -> ReleaseRecord:
+    """Every finding of ``findings`` natively on ``version``, those read by an instrument
+    where its source check (``sources``, ``sources_of``) holds; never raises for the
+    release."""
     t0 = time.monotonic()
-    ported = source.get("checks") is not None and source.get("held") == source["checks"]
-    plans = {f.id: plan_finding(f, check.connector_base("cpu", CONNECTOR), ported)
-             for f in findings}
+    plans = plans_for(findings, sources)
+    findings_by_id = {f.id: f for f in findings}
     try:
         python = release_python(version)
         vv = version_of(python)
@@ -181,8 +206,10 @@ def check_release(version: str, findings: list[Finding], out: Path, command: str
         return _unrunnable(version, None, f"environment not built: {type(e).__name__}: {e}",
                            findings, t0, {})
     probed = any(c.kv_probe for p in plans.values() for c in p.runs.values())
+    pinned = any(p.runs and findings_by_id[fid].observes == "affinity"
+                 for fid, p in plans.items())
     rel = NativeRelease(vv, python, per_request_field(version), log_root / "observe",
-                        kv_probe=probed)
+                        kv_probe=probed, affinity=pinned)
     env = {"python": portable(python), "per_request_metrics": rel.per_request_metrics}
     uses, order = ordered_runs(plans)
     if not order:
@@ -204,6 +231,36 @@ def check_release(version: str, findings: list[Finding], out: Path, command: str
     return ReleaseRecord(version, vv, True, None, round(time.monotonic() - t0, 1), env,
                          rel.plugin_reports(),
                          [{**asdict(o), "source": counted_by(uses[o.id], done)} for o in outs])
+
+
+def plans_for(findings: list[Finding], sources: dict[str, dict[str, Any]]
+              ) -> dict[str, NativePlan]:
+    """Each finding's ``plan_finding`` on a release whose instruments' source checks are
+    ``sources``."""
+    ported = frozenset(i for i in INSTRUMENTS if held(sources.get(i)))
+    base = check.connector_base("cpu", CONNECTOR)
+    return {f.id: plan_finding(f, base, ported) for f in findings}
+
+
+def record_sources(rec: dict) -> dict[str, dict[str, Any]]:
+    return {i: rec.get(f"{i}_source") or {} for i in INSTRUMENTS}
+
+
+def replanned(rec: dict) -> bool:
+    """A started release's planned ``not-applicable`` outcomes (no run made) with the reason
+    today's ``plan_finding`` gives, so a reason stays true after a port without a rerun; an
+    outcome with runs, or whose finding the plan would now run, is left as measured."""
+    if not rec.get("started"):
+        return False
+    known = {o["id"]: o for o in rec["findings"] if o["verdict"] == NOT_APPLICABLE
+             and not o.get("results") and o["id"] in FINDINGS}
+    plans = plans_for([FINDINGS[i] for i in known], record_sources(rec))
+    changed = False
+    for fid, o in known.items():
+        why = plans[fid].why_not
+        if why and o["evidence"].get("why") != why:
+            o["evidence"]["why"], changed = why, True
+    return changed
 
 
 def ordered_runs(plans: dict[str, NativePlan]) -> tuple[dict[str, dict], list]:
@@ -272,18 +329,21 @@ def run(versions: list[str], only: str | None, out: Path, command: str,
         fresh = not path.is_file() or rerun
         if fresh:
             print(f"[history] {v}: {len(findings)} findings natively", flush=True)
-            source = probe_source(v)
-            r = check_release(v, findings, out / "history" / v, command, log_root / v, source)
-            rec = {**asdict(r), "command": command, "kv_probe_source": source}
+            sources = sources_of(v)
+            r = check_release(v, findings, out / "history" / v, command, log_root / v, sources)
+            rec = {**asdict(r), "command": command,
+                   **{f"{i}_source": src for i, src in sources.items()}}
             if path.is_file():
                 rec = merged(json.loads(path.read_text()), rec)
         else:
             print(f"{portable(path)} exists: {v} is not run again (delete it to rerun)",
                   flush=True)
             rec = json.loads(path.read_text())
-        if "kv_probe_source" not in rec:  # static: added to records made before it existed
-            rec["kv_probe_source"], fresh = probe_source(v), True
+        for i in INSTRUMENTS:  # static: added to records made before the instrument was
+            if f"{i}_source" not in rec:
+                rec[f"{i}_source"], fresh = probe_source(v, i), True
         fresh |= backfill_sources(rec)
+        fresh |= replanned(rec)
         if fresh:
             atomic_write_json(path, rec, indent=1, sort_keys=False, portable=True)
         records.append(rec)
@@ -304,7 +364,8 @@ def merged(old: dict, new: dict) -> dict:
     out["reruns"] = [*old.get("reruns", []), {"command": new["command"],
                                                "findings": [f["id"] for f in new["findings"]],
                                                "seconds": new["seconds"], "why": new["why"]}]
-    out["kv_probe_source"] = new.get("kv_probe_source") or old.get("kv_probe_source")
+    for i in INSTRUMENTS:
+        out[f"{i}_source"] = new.get(f"{i}_source") or old.get(f"{i}_source")
     return out
 
 

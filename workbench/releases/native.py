@@ -10,12 +10,16 @@ else, ``knobs/observe.py``), no NIXL progress delay (a workbench patch), and vLL
 for ``POST /reset_prefix_cache`` (without the knob channel, how each run starts from empty
 prefix caches). Where the release's source holds the KV probe's targets, the servers carry the
 probe too (an instrument: it reads KV and changes nothing), switched per run through request
-files (``channels.ProbeChannel``).
+files (``channels.ProbeChannel``); where it holds ``cpu_pin``'s, each worker writes the cores
+its forward thread was left on, which the result carries under ``knobs.detail`` as the knob
+channel's would.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +28,7 @@ from typing import Any
 from ..config import ConfigError, ExperimentConfig
 from ..experiment import Session
 from ..inputs import models
-from ..knobs import compat_fixes, observe
+from ..knobs import compat_fixes, cpu_pin, observe
 from ..knobs import spec as knob_spec
 from ..measuring.results import Result
 from ..paths import portable
@@ -42,6 +46,7 @@ class NativeRelease:
     report_dir: Path  # each vLLM process's observe-only report, per role
     fixes_file: Path | None = None  # where each process logs its compatibility fixes
     kv_probe: bool = False  # the probe's targets hold in the release's source: servers carry it
+    affinity: bool = False  # each worker writes its forward thread's cores (cpu_pin.observe)
 
     @property
     def fixes_log(self) -> Path:
@@ -57,7 +62,8 @@ class NativeRelease:
         env = {**spec.extra_env, compat_fixes.ENV_LOG: str(self.fixes_log),
                observe.ENV: str(self.report_dir / f"observe-{spec.role}"),
                **({knob_spec.ENV_OBSERVE_KV_PROBE: str(self.probe_dir)} if self.kv_probe
-                  else {})}
+                  else {}),
+               **({knob_spec.ENV_OBSERVE_AFFINITY: "1"} if self.affinity else {})}
         out = dataclasses.replace(
             spec, python=str(self.python), knobs_file=None, knobs_state_dir=None,
             per_request_metrics=spec.per_request_metrics and self.per_request_metrics,
@@ -70,10 +76,32 @@ class NativeRelease:
         return {d.name.removeprefix("observe-"): observe.reports(d)
                 for d in sorted(self.report_dir.glob("observe-*")) if d.is_dir()}
 
+    def workers(self) -> dict[str, Any]:
+        """Per role, what each live worker wrote of its forward thread (``cpu_pin.observe``),
+        in the shape the knob channel's ``detail`` has, which the detector reads."""
+        out: dict[str, Any] = {}
+        for d in sorted(self.report_dir.glob("observe-*")):
+            seen = [json.loads(f.read_text()) for f in sorted(d.glob(cpu_pin.REPORT_GLOB))]
+            live = [w for w in seen if alive(w["pid"])]
+            if live:
+                out[d.name.removeprefix("observe-")] = {"components": {"worker": live}}
+        return out
+
     def record(self) -> dict[str, Any]:
         return {"version": self.version, "python": portable(self.python),
                 "per_request_metrics": self.per_request_metrics, "mode": "observe-only",
-                "kv_probe": self.kv_probe}
+                "kv_probe": self.kv_probe, "affinity": self.affinity}
+
+
+def alive(pid: int) -> bool:
+    """A process of this session's servers (an earlier server's worker is gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def knobs_needed(cfg: ExperimentConfig) -> dict[str, str]:
@@ -121,6 +149,8 @@ class NativeSession(Session):
         result.vllm_version = self.release.version
         result.vllm_release, result.vllm_build = None, self.release.record()
         result.knobs["plugin"] = self.release.plugin_reports()
+        if self.release.affinity:
+            result.knobs["detail"] = self.release.workers()
         result.notes.append(f"vLLM {self.release.version} natively: the workbench plugin "
                             "observe-only (no knob; only the release's compatibility fixes)")
         return result
