@@ -79,7 +79,8 @@ def test_a_rerun_replaces_only_the_findings_it_ran():
 
 def test_a_planned_reason_follows_todays_plan_and_a_measured_outcome_stays():
     """A record made before a port keeps its measurements; the reasons it gave for findings
-    it never ran are those the plan gives now (the probe's source check of the record)."""
+    it never ran are those the plan gives now (the record's instruments' source checks), or
+    that a rerun would measure it."""
     stale = "reads the KV probe: observe-only installs none of it"
 
     def rec(started: bool, held: int) -> dict:
@@ -97,10 +98,10 @@ def test_a_planned_reason_follows_todays_plan_and_a_measured_outcome_stays():
     assert "kv_probe_source" in got["chunked-prefill-drafter-kv"]
     assert "kv_probe_source" in got["host-buffer-chunk-boundary"]
     assert got["stale-last-block"] is None and not history.replanned(old)
-    ported = rec(True, 6)  # the plan would run the first now: only a rerun may change it
+    ported = rec(True, 6)  # the plan would run the first now: it says a rerun measures it
     assert history.replanned(ported)
     got = {o["id"]: o["evidence"].get("why") for o in ported["findings"]}
-    assert got["chunked-prefill-drafter-kv"] == stale
+    assert "--rerun --only chunked-prefill-drafter-kv" in got["chunked-prefill-drafter-kv"]
     assert "'transfer': 'host-staged'" in got["host-buffer-chunk-boundary"]
     unstarted = rec(False, 5)
     assert not history.replanned(unstarted) and unstarted["findings"][0]["evidence"]["why"] == stale

@@ -248,8 +248,8 @@ def record_sources(rec: dict) -> dict[str, dict[str, Any]]:
 
 def replanned(rec: dict) -> bool:
     """A started release's planned ``not-applicable`` outcomes (no run made) with the reason
-    today's ``plan_finding`` gives, so a reason stays true after a port without a rerun; an
-    outcome with runs, or whose finding the plan would now run, is left as measured."""
+    today's ``plan_finding`` gives, so a reason stays true after a port without a rerun (one
+    the plan would now run says so); an outcome with runs is left as measured."""
     if not rec.get("started"):
         return False
     known = {o["id"]: o for o in rec["findings"] if o["verdict"] == NOT_APPLICABLE
@@ -257,8 +257,9 @@ def replanned(rec: dict) -> bool:
     plans = plans_for([FINDINGS[i] for i in known], record_sources(rec))
     changed = False
     for fid, o in known.items():
-        why = plans[fid].why_not
-        if why and o["evidence"].get("why") != why:
+        why = plans[fid].why_not or (f"not run since its instrument was ported: releases "
+                                     f"--check --rerun --only {fid} measures it")
+        if o["evidence"].get("why") != why:
             o["evidence"]["why"], changed = why, True
     return changed
 
