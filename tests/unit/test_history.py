@@ -338,6 +338,56 @@ def test_the_forward_threads_cores_reach_the_detector_from_the_live_workers_only
     assert verdict == ("absent" if mine == [0] else "present"), ev
 
 
+def test_a_missed_nixl_handshake_is_retried_before_the_run_and_a_lasting_one_named():
+    """D's first PD request (its NIXL handshake with P, 5 s in vLLM) goes before the run's,
+    retried: a D that fails it once then answers is ready; one that always fails is named."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    from workbench.config import ExperimentConfig
+    from workbench.releases.native import HANDSHAKE_TRIES, NativeSession
+
+    seen = {"d": 0}
+
+    def serve(role: str, fail_first: int):
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                seen[role] = seen.get(role, 0) + 1
+                bad = role == "d" and seen["d"] <= fail_first
+                body = json.dumps({"kv_transfer_params": {"remote_block_ids": [[1]]}}).encode()
+                self.send_response(500 if bad else 200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        return srv
+
+    cfg = ExperimentConfig.for_profile("cpu")
+    for fails, ok in ((1, True), (HANDSHAKE_TRIES, False)):
+        seen["d"] = 0
+        p, d = serve("p", 0), serve("d", fails)
+        fake = SimpleNamespace(servers={r: SimpleNamespace(url=f"http://127.0.0.1:{s.server_port}")
+                                        for r, s in (("p", p), ("d", d))})
+        try:
+            if ok:
+                NativeSession.handshake(fake, cfg)
+                assert seen["d"] == 2
+            else:
+                with pytest.raises(RuntimeError, match="NIXL handshake"):
+                    NativeSession.handshake(fake, cfg)
+                assert seen["d"] == HANDSHAKE_TRIES
+        finally:
+            p.shutdown()
+            d.shutdown()
+
+
 def test_a_run_that_dies_in_vllm_stops_the_release_and_names_the_root_cause(tmp_path):
     """The runs after one that failed with an exception in a server log are not tried (the
     release cannot run the pipeline; each would restart the servers to fail again); a failure

@@ -25,14 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from ..config import ConfigError, ExperimentConfig
 from ..experiment import Session
 from ..inputs import models
 from ..knobs import compat_fixes, cpu_pin, observe
+from ..knobs import connector as kv_connector
 from ..knobs import spec as knob_spec
+from ..measuring.measure import run_coro
 from ..measuring.results import Result
 from ..paths import portable
-from ..serving import channels, rundir
+from ..serving import channels, proxy, rundir
 from ..serving.servers import ServerSpec
 
 
@@ -120,6 +124,9 @@ def version_of(python: Path) -> str:
     return out.stdout.strip()
 
 
+HANDSHAKE_TRIES = 3
+
+
 class NativeSession(Session):
     """Servers of ``release``; only the knobs' as-released values run (the plugin installs no
     knob: another value is refused before any server starts)."""
@@ -135,6 +142,33 @@ class NativeSession(Session):
             rundir.private_dir(release.probe_dir)
             for f in release.probe_dir.glob("*.json"):  # earlier servers' states
                 f.unlink()
+
+    def ensure(self, cfg: ExperimentConfig) -> None:
+        fresh = self.needs_start(cfg)
+        super().ensure(cfg)
+        if fresh and {"p", "d"} <= set(self.servers):
+            self.handshake(cfg)
+
+    def handshake(self, cfg: ExperimentConfig) -> None:
+        """One PD request before a run's first, retried: D's first request makes its NIXL
+        handshake with P, which vLLM gives 5 s (``zmq.RCVTIMEO`` in ``_nixl_handshake``), and
+        without the workbench's NIXL progress delay three busy-polling servers on two cores
+        miss that now and then. Its blocks go with the prefix-cache reset before each run."""
+        body = {"model": cfg.target, "prompt": "Hello", "max_tokens": 1, "temperature": 0.0}
+        urls = {r: s.url for r, s in self.servers.items()}
+
+        async def once() -> None:
+            async with httpx.AsyncClient(timeout=cfg.request_timeout_s) as client:
+                await proxy.pd_complete(client, urls["p"], urls["d"], body,
+                                        flow=kv_connector.flow(cfg.knobs))
+
+        for attempt in range(1, HANDSHAKE_TRIES + 1):
+            try:
+                return run_coro(once())
+            except httpx.HTTPStatusError as e:
+                if attempt == HANDSHAKE_TRIES:
+                    raise RuntimeError(f"D's first PD request failed {attempt} times "
+                                       f"(its NIXL handshake with P?): {e}") from e
 
     def check_build(self, cfg: ExperimentConfig) -> None:
         if cfg.kv_probe and not self.release.kv_probe:
