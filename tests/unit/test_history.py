@@ -103,6 +103,10 @@ def test_a_planned_reason_follows_todays_plan_and_a_measured_outcome_stays():
     got = {o["id"]: o["evidence"].get("why") for o in ported["findings"]}
     assert "--rerun --only chunked-prefill-drafter-kv" in got["chunked-prefill-drafter-kv"]
     assert "'transfer': 'host-staged'" in got["host-buffer-chunk-boundary"]
+    broke = rec(True, 6)  # a rerun whose servers did not start: the release's reason stays
+    broke["findings"][0]["evidence"]["why"] = "servers did not start: baseline: TypeError: x"
+    history.replanned(broke)
+    assert broke["findings"][0]["evidence"]["why"].startswith("servers did not start")
     unstarted = rec(False, 5)
     assert not history.replanned(unstarted) and unstarted["findings"][0]["evidence"]["why"] == stale
 

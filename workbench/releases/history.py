@@ -61,6 +61,11 @@ class NativePlan:
     why_not: str | None = None
 
 
+# How plan_finding's reasons begin (and replanned's): a reason of the release itself (its
+# servers did not start, a run failed in vLLM) is not a plan's, and stays.
+PLANNED = ("applies to connector ", "reads ", "its own run sets knobs ", "not run since its ")
+
+
 def plan_finding(f: Finding, base: dict, ported: frozenset[str] = frozenset()) -> NativePlan:
     """What of ``f`` a native run can feed: a finding on another connector, one that reads
     inside vLLM's workers what the plugin takes there (an instrument of ``INSTRUMENTS`` only
@@ -247,13 +252,14 @@ def record_sources(rec: dict) -> dict[str, dict[str, Any]]:
 
 
 def replanned(rec: dict) -> bool:
-    """A started release's planned ``not-applicable`` outcomes (no run made) with the reason
-    today's ``plan_finding`` gives, so a reason stays true after a port without a rerun (one
+    """A started release's planned ``not-applicable`` outcomes (no run made, a ``PLANNED``
+    reason) with the reason today's ``plan_finding`` gives, so a reason stays true after a port without a rerun (one
     the plan would now run says so); an outcome with runs is left as measured."""
     if not rec.get("started"):
         return False
     known = {o["id"]: o for o in rec["findings"] if o["verdict"] == NOT_APPLICABLE
-             and not o.get("results") and o["id"] in FINDINGS}
+             and not o.get("results") and o["id"] in FINDINGS
+             and str(o["evidence"].get("why")).startswith(PLANNED)}
     plans = plans_for([FINDINGS[i] for i in known], record_sources(rec))
     changed = False
     for fid, o in known.items():
