@@ -253,8 +253,9 @@ def record_sources(rec: dict) -> dict[str, dict[str, Any]]:
 
 def replanned(rec: dict) -> bool:
     """A started release's planned ``not-applicable`` outcomes (no run made, a ``PLANNED``
-    reason) with the reason today's ``plan_finding`` gives, so a reason stays true after a port without a rerun (one
-    the plan would now run says so); an outcome with runs is left as measured."""
+    reason) with the reason today's ``plan_finding`` gives, so a reason stays true after a
+    port without a rerun (one the plan would now run says so); an outcome with runs, or with
+    a reason of the release's own, is left as it is."""
     if not rec.get("started"):
         return False
     known = {o["id"]: o for o in rec["findings"] if o["verdict"] == NOT_APPLICABLE
