@@ -123,3 +123,21 @@ def test_the_instruments_share_one_worker_start_wrap_on_the_old_release(old_vllm
     assert out["patched"] == ["Worker.initialize_from_config"]
     wrapped = "vllm.v1.worker.gpu_worker:Worker.initialize_from_config"
     assert report["workbench_patches"] == [wrapped]
+
+
+def test_host_staging_is_ported_to_the_old_release_where_its_targets_hold(old_vllm, tmp_path):
+    """``WORKBENCH_TRANSFER=host-staged`` observe-only on 0.24.0's code: host staging's targets
+    hold in 0.24.0's own source, so its patches go into 0.24.0's NIXL classes, the report says
+    so and lists them, and the worker's read-back joins the one worker-start wrap; without the
+    variable nothing of it is installed (the first test)."""
+    out, [report], err = probe(tmp_path, old_vllm, **{
+        spec.ENV_OBSERVE_ONLY: str(tmp_path / "observe"), spec.ENV_TRANSFER: "host-staged"})
+    assert out, err[-3000:]
+    assert report["transfer"] == {"installed": True, "value": "host-staged"}, report
+    nixl = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+    assert {f"{nixl}.base_worker:NixlBaseConnectorWorker.__init__",
+            f"{nixl}.base_worker:NixlBaseConnectorWorker.set_host_xfer_buffer_ops",
+            f"{nixl}.base_scheduler:NixlBaseConnectorScheduler.__init__",
+            "vllm.v1.worker.gpu_worker:Worker.initialize_from_config"} <= set(
+        report["workbench_patches"])
+    assert out["patched"] == ["Worker.initialize_from_config"]

@@ -62,6 +62,83 @@ def test_where_cpu_pins_targets_hold_the_forward_thread_runs_natively_without_it
     assert "affinity_source" in plans["nixl-cpu-forward-thread"].why_not
 
 
+def test_where_host_stagings_port_holds_the_host_staged_findings_run_their_own_run():
+    """Host staging is ported (``transfer.observe``) where its targets hold: the two
+    host-staged findings run their own run with ``transfer=host-staged`` and the KV probe,
+    each control that sets another knob is ``not run``; where it does not hold, the reason
+    names the port's source check."""
+    ported = frozenset({"kv_probe", "transfer"})
+    host = history.plan_finding(FINDINGS["host-buffer-chunk-boundary"], BASE, ported)
+    assert host.why_not is None and set(host.runs) == {"main"}
+    assert host.runs["main"].knobs["transfer"] == "host-staged" and host.runs["main"].kv_probe
+    assert "prefill_lookahead" in host.not_run["negative"]
+    eager = history.plan_finding(FINDINGS["eager-finalize-host-staged"], BASE, ported)
+    assert set(eager.runs) == {"main"} and set(eager.not_run) == {"positive", "negative"}
+    assert all("finalize" in why for why in eager.not_run.values())
+    assert native.knobs_needed(host.runs["main"], frozenset({"transfer"})) == {}
+    assert native.knobs_needed(host.runs["main"]) == {"transfer": "host-staged"}
+    unported = history.plan_finding(FINDINGS["host-buffer-chunk-boundary"], BASE,
+                                    frozenset({"kv_probe"}))
+    assert "transfer=host-staged" in unported.why_not and "transfer_source" in unported.why_not
+
+
+def test_where_example_connectors_port_holds_its_finding_runs_through_it():
+    """ExampleConnector is a flag: where the release holds its targets, the finding on it runs
+    its own run and its negative control through it; elsewhere it says which check failed.
+    A NIXL-only value the table has no port for stays refused."""
+    ported = frozenset({"kv_probe", "connector"})
+    ex = history.plan_finding(FINDINGS["example-chunked-store"], BASE, ported)
+    assert ex.why_not is None and set(ex.runs) == {"main", "negative"}
+    assert {c.knobs["connector"] for c in ex.runs.values()} == {"example"}
+    no = history.plan_finding(FINDINGS["example-chunked-store"], BASE, frozenset({"kv_probe"}))
+    assert "connector_source" in no.why_not
+    cfg = check.config_for(FINDINGS["padded-load-step"], {"knobs": {"connector": "nixl-push"}},
+                           BASE)
+    assert native.knobs_needed(cfg, frozenset({"connector"})) == {"connector": "nixl-push"}
+
+
+def test_a_native_session_checks_host_staging_in_every_pd_worker_and_empties_the_store(tmp_path):
+    """Before a host-staged run, each live P and D worker's read-back (``transfer.observe``'s
+    hook) must say host-staged, else the run is refused; an earlier server's worker does not
+    count. Each run starts with ExampleConnector's store empty, as the knob channel leaves it."""
+    import os
+    import subprocess
+
+    from workbench.config import ExperimentConfig
+    from workbench.knobs import connector as kv_connector
+    from workbench.provenance import atomic_write_json
+    from workbench.releases.native import NativeRelease, NativeSession
+
+    rel = NativeRelease("0.28.0", tmp_path / "python", False, tmp_path / "obs",
+                        ported=frozenset({"transfer"}))
+    staged = ExperimentConfig.for_profile("cpu", knobs={"transfer": "host-staged"})
+
+    def worker(role: str, value: str, pid: int = os.getpid()) -> None:
+        atomic_write_json(tmp_path / "obs" / f"observe-{role}" / f"transfer-{pid}.json",
+                          {"pid": pid, "role": role, "value": value, "evidence": {}})
+
+    worker("p", "host-staged")
+    with pytest.raises(RuntimeError, match="'d': \\[\\]"):
+        rel.staged(staged)  # D wrote nothing: not in force
+    worker("d", "direct")
+    with pytest.raises(RuntimeError, match="'direct'"):
+        rel.staged(staged)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    worker("d", "host-staged")
+    worker("d", "direct", gone.pid)  # an earlier server's worker, gone
+    assert set(rel.staged(staged)) == {"p", "d"}
+    with NativeSession(rel, tmp_path / "logs") as s:
+        s.check_build(staged)  # ported: no refusal
+        with pytest.raises(ConfigError, match="transfer"):
+            s.channel.apply(staged, {})  # the channel alone sets no knob
+        assert "client" in s.apply_knobs(staged)  # in the servers from their start
+        stored = kv_connector.storage_dir(s.log_dir) / "prompt-hash"
+        stored.mkdir(parents=True)
+        s.reset_prefix_caches()
+        assert not stored.exists()
+
+
 def test_a_rerun_replaces_only_the_findings_it_ran():
     old = {"release": "0.28.0", "command": "first", "seconds": 300.0, "why": None,
            "findings": [{"id": "a", "verdict": "absent"}, {"id": "b", "verdict": NOT_APPLICABLE}],

@@ -28,6 +28,14 @@ PARAMS = "params"  # D gets the kv_transfer_params P returned, under P's request
 SAME_PROMPT = "same-prompt"  # D gets the prompt again and finds P's KV in storage (Example)
 
 NOT_NIXL = "no NIXL connector: host staging is NixlConnector's use_host_buffer"
+# A native run of an old release (``releases --check``) may start P and D with ExampleConnector:
+# a command-line flag, no patch; the run reads its storage path from the extra config and
+# empties that folder before each run, as ``apply`` does through the knob channel.
+EXAMPLE_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_connector"
+NATIVE_TARGETS = ((EXAMPLE_MODULE, "ExampleConnector", "build_connector_meta", None),)
+NATIVE_SOURCE = ((EXAMPLE_MODULE, "ExampleConnector.__init__", ('"shared_storage_path"',)),)
+NATIVE = ("example",)  # the values a native run may take besides NIXL pull
+
 EXAMPLE_HANDOFF = ("ExampleConnector hands no block ids over: it stores in "
                    "build_connector_meta from scheduled_new_reqs' block_ids and its "
                    "request_finished (the base class's) ignores the ids the scheduler passes")

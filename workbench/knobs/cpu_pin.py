@@ -81,13 +81,9 @@ def observe(report_dir: str, version: str) -> tuple[dict[str, Any], Any]:
     ``OBSERVE_TARGETS`` and ``OBSERVE_SOURCE`` hold in the running release's own source
     (checked here, in each process, as ``build`` checks a knob's). Returns the report and the
     worker's hook."""
-    from .patch_checks import checks_for
-    from .source import installed_source
+    from .patch_checks import failures_installed
 
-    src = installed_source(version)
-    failed = {c.name: where for c in checks_for(OBSERVE_TARGETS, OBSERVE_SOURCE)
-              for ok, where in [c.run(src)] if not ok}
-    if failed:
+    if failed := failures_installed(OBSERVE_TARGETS, OBSERVE_SOURCE, version):
         return {"installed": False, "failed": failed}, None
     return ({"installed": True, "after": "Worker.initialize_from_config"},
             lambda _worker: write_observed(Path(report_dir)))

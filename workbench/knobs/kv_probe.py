@@ -413,13 +413,9 @@ def observe(state_dir: str, version: str) -> tuple[dict[str, Any], Any]:
     own source (checked here, in each process, as ``build`` checks a knob's). It only reads
     KV, so a native run of an old release may carry it. Returns the report and the hook each
     worker runs after ``Worker.initialize_from_config`` (None: not installed)."""
-    from .patch_checks import checks_for
-    from .source import installed_source
+    from .patch_checks import failures_installed
 
-    src = installed_source(version)
-    failed = {c.name: where for c in checks_for(WORKER_TARGETS, SOURCE)
-              for ok, where in [c.run(src)] if not ok}
-    if failed:
+    if failed := failures_installed(WORKER_TARGETS, SOURCE, version):
         return {"installed": False, "failed": failed}, None
     return ({"installed": True, "state_dir": state_dir,
              "at_worker_start": ["Worker.execute_model", "Worker.sample_tokens"]},

@@ -12,8 +12,10 @@ and show that no workbench patch was (``_patch.PATCHED``, every patch this packa
 empty). Two instruments may join them, each where its targets hold in the running release's source,
 and each reading only: with ``WORKBENCH_OBSERVE_KV_PROBE`` set to a state directory, the KV
 probe (``kv_probe.observe``); with ``WORKBENCH_OBSERVE_AFFINITY=1``, each worker's forward-thread
-cores once NIXL's worker set them (``cpu_pin.observe``). Their patches are then the only ones
-listed."""
+cores once NIXL's worker set them (``cpu_pin.observe``). One knob value may be ported too,
+because vLLM takes its path natively on a GPU: with ``WORKBENCH_TRANSFER=host-staged``, NIXL's
+host staging buffer (``transfer.observe``), again only where its targets hold. Their patches
+are then the only ones listed."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..provenance import atomic_write_json
-from . import _patch, compat_fixes, spec
+from . import _patch, compat_fixes, spec, transfer
 from .release import RELEASES, SUPPORTED_VLLM, base_version, vllm_version
 
 ENV = spec.ENV_OBSERVE_ONLY
@@ -34,7 +36,7 @@ def install(report_dir: str) -> dict[str, Any]:
     """Install the running release's compatibility fixes, and write this process's report."""
     version = vllm_version()
     applied = compat_fixes.install(version)
-    probe = affinity = None
+    probe = affinity = staged = None
     hooks = []
     if state_dir := os.environ.get(spec.ENV_OBSERVE_KV_PROBE):
         from . import kv_probe
@@ -45,6 +47,9 @@ def install(report_dir: str) -> dict[str, Any]:
         from . import cpu_pin
 
         affinity, hook = cpu_pin.observe(report_dir, version)
+        hooks += [hook] if hook else []
+    if transfer.requested() != spec.KNOBS["transfer"].default:
+        staged, hook = transfer.observe(report_dir, version)
         hooks += [hook] if hook else []
     if hooks:
         at_worker_start(hooks)
@@ -58,6 +63,7 @@ def install(report_dir: str) -> dict[str, Any]:
         "workbench_patches": list(_patch.PATCHED),
         "kv_probe": probe,  # None: not asked for
         "affinity": affinity,  # None: not asked for
+        "transfer": staged,  # None: not asked for (direct, as released)
         "role": os.environ.get(spec.ENV_ROLE),
         "pid": os.getpid(),
         "argv": sys.argv[:3],

@@ -65,6 +65,20 @@ def checks_for(targets, source=()) -> Iterator[Check]:
         yield _order(module, qual, snippets)
 
 
+def failures(targets, source, src: Source) -> dict[str, str]:
+    """The checks of ``targets`` and ``source`` that fail on ``src``: name -> why."""
+    return {c.name: where for c in checks_for(targets, source)
+            for ok, where in [c.run(src)] if not ok}
+
+
+def failures_installed(targets, source, version: str) -> dict[str, str]:
+    """``failures`` on the running release's own source: how an observe-only port decides,
+    in each vLLM process, whether it may install."""
+    from .source import installed_source
+
+    return failures(targets, source, installed_source(version))
+
+
 def patch_checks(release: Release) -> Iterator[Check]:
     """Every target and source fact of every patch set of ``release``, in table order."""
     for ps in release.patches.values():

@@ -12,11 +12,16 @@ host-staged on the CPU (NIXL sets ``use_host_buffer = False`` when the device is
 * the CPU platform class gets ``insert_blocks_to_device`` / ``swap_out_blocks_to_host``
   (``dst[dst_idx] = src[src_idx]``, as the CUDA platform does), which ``copy_kv_blocks`` calls.
 On a GPU, host staging is vLLM's own ``kv_buffer_device: cpu``: the plugin changes nothing.
+
+Observe-only (an old release run natively, ``observe.py``), the same patches are the release's
+port of host staging, made where ``TARGETS`` and ``SOURCE`` hold in its own source
+(:func:`observe`).
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from . import _patch, spec
@@ -44,6 +49,7 @@ SOURCE = (
 )
 
 _counts = {"d2h_copies": 0, "h2d_copies": 0}
+REPORT_GLOB = "transfer-*.json"  # observe-only: each worker's read-back
 
 
 def requested() -> str:
@@ -74,6 +80,31 @@ def install() -> None:
     # What the CUDA platform does for kv_buffer_device=cpu, which copy_kv_blocks calls.
     for name in ("insert_blocks_to_device", "swap_out_blocks_to_host"):
         _patch.add_classmethod(type(current_platform), name, _copy_blocks)
+
+
+def observe(report_dir: str, version: str) -> tuple[dict[str, Any], Any]:
+    """Observe-only: host staging on a release run natively, where ``TARGETS`` and ``SOURCE``
+    hold in its own source (checked here, in each process). Not an instrument: it moves KV
+    through NIXL's host buffer, the path vLLM takes for ``kv_buffer_device: cpu`` on a GPU,
+    and changes only the copy op, never which blocks NIXL stages, so a finding of that path
+    can be measured on the release. Returns the report and the worker's hook, which writes
+    what the NIXL worker holds (``use_host_buffer``, the copy op) for the run to check."""
+    from .patch_checks import failures_installed
+
+    if failed := failures_installed(TARGETS, SOURCE, version):
+        return {"installed": False, "failed": failed}, None
+    install()
+    return ({"installed": True, "value": requested()},
+            lambda _worker: write_read_back(Path(report_dir)))
+
+
+def write_read_back(report_dir: Path) -> None:
+    from ..provenance import atomic_write_json
+
+    value, ev = _read_back(connector_worker()[1])
+    atomic_write_json(report_dir / f"transfer-{os.getpid()}.json",
+                      {"pid": os.getpid(), "role": os.environ.get(spec.ENV_ROLE),
+                       "value": value, "evidence": ev})
 
 
 def _copy_blocks(cls, src_cache, dst_cache, src_block_indices, dst_block_indices) -> None:

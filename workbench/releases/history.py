@@ -9,9 +9,10 @@ environment cannot be built or whose servers cannot start is recorded with the r
 the next release goes on.
 
 What a native run cannot give: a knob (the plugin is observe-only, so controls that set one
-are not run, and a finding whose own run sets one is not-applicable), and the readings the
-plugin takes inside vLLM's workers where the release's source does not hold an instrument's
-targets (``INSTRUMENTS``: the KV probe, the forward thread's cores). Per-request spec-decode
+are not run, and a finding whose own run sets one is not-applicable), and whatever of
+``PORTS`` the release's source does not hold the targets of: the readings the plugin takes
+inside vLLM's workers (the KV probe, the forward thread's cores) and the two paths vLLM takes
+natively elsewhere (host staging, ExampleConnector; ``native.PORTABLE``). Per-request spec-decode
 counts come from ``/metrics`` scrapes around one request at a time before 0.29.0
 (``measure.py``), which every detector fed here reads the same way.
 """
@@ -31,13 +32,15 @@ from typing import Any
 from ..config import ConfigError, ExperimentConfig
 from ..findings import FINDINGS, check
 from ..findings.finding import INCONCLUSIVE, NOT_APPLICABLE, Finding
+from ..inputs import prompts as prompt_sets
+from ..knobs import connector as kv_connector
 from ..knobs.release import base_version, version_key, vllm_version
 from ..paths import DATA, REPO, portable, resolve
 from ..provenance import atomic_write_json
 from ..serving.reaper import STOPPING
 from . import matrix, survey
 from .envs import env_python
-from .native import NativeRelease, NativeSession, knobs_needed, version_of
+from .native import PORTABLE, NativeRelease, NativeSession, knobs_needed, version_of
 
 # The last patch release of every minor from 0.19 (the first that stops: no spec decode on
 # the CPU) to the installed one; ``--all`` runs them all.
@@ -67,13 +70,18 @@ PLANNED = ("applies to connector ", "reads ", "its own run sets knobs ", "not ru
 
 
 def plan_finding(f: Finding, base: dict, ported: frozenset[str] = frozenset()) -> NativePlan:
-    """What of ``f`` a native run can feed: a finding on another connector, one that reads
-    inside vLLM's workers what the plugin takes there (an instrument of ``INSTRUMENTS`` only
-    where ``ported``: its targets hold in the release's source), or whose own run sets a
-    knob, cannot."""
+    """What of ``f`` a native run can feed: a finding on a connector, or one that reads inside
+    vLLM's workers what the plugin takes there, only where its port of ``PORTS`` is in
+    ``ported`` (its targets hold in the release's source); one whose own run sets a knob
+    (other than a ported value), never."""
     if f.connectors and CONNECTOR not in f.connectors:
-        return NativePlan(why_not=f"applies to connector {', '.join(f.connectors)} only; "
-                                  "native runs take NIXL pull")
+        other = [c for c in f.connectors if c in kv_connector.NATIVE]
+        if not (other and "connector" in ported):
+            return NativePlan(why_not=f"applies to connector {', '.join(f.connectors)} only; "
+                                      "native runs take NIXL pull"
+                                      + ("" if not other else ", and its targets do not hold "
+                                         "in this release's source (connector_source)"))
+        base = {**base, "knobs": {**base.get("knobs", {}), "connector": other[0]}}
     cfgs = check.runs_of(f, base)
     needs = "kv_probe" if cfgs["main"].kv_probe else f.observes
     if needs and needs not in ported:
@@ -82,17 +90,25 @@ def plan_finding(f: Finding, base: dict, ported: frozenset[str] = frozenset()) -
     if not (f.standalone or needs):
         return NativePlan(why_not=f"reads {f.reads}: the workbench plugin takes it inside "
                                   "vLLM's workers, and observe-only installs none of it")
-    if need := knobs_needed(cfgs["main"]):
-        return NativePlan(why_not=f"its own run sets knobs {need}; observe-only sets none")
+    if need := knobs_needed(cfgs["main"], ported):
+        return NativePlan(why_not=f"its own run sets knobs {need}; observe-only sets none"
+                                  + unported(need))
     out = NativePlan(not_run=dict(f.native_not_run))
     for which, cfg in cfgs.items():
         if which in out.not_run:
             continue
-        if need := knobs_needed(cfg):
+        if need := knobs_needed(cfg, ported):
             out.not_run[which] = f"sets knobs {need}; observe-only sets none"
         else:
             out.runs[which] = dataclasses.replace(cfg, startup_timeout_s=STARTUP_S)
     return out
+
+
+def unported(need: dict[str, str]) -> str:
+    """Where a knob value a run needs has a port: that its targets do not hold here."""
+    ports = [n for n, v in need.items() if v in PORTABLE.get(n, ())]
+    return "".join(f", and the port of {n}={need[n]} does not hold in this release's source "
+                   f"({n}_source)" for n in ports)
 
 
 def judge(f: Finding, p: NativePlan, results: dict[str, dict | None],
@@ -143,22 +159,28 @@ def per_request_field(version: str) -> bool:
     return version_key(version) >= version_key("0.29.0")
 
 
-def instrument_checks() -> dict[str, tuple]:
-    """Each observe-only instrument's patch targets and source facts, as its module checks
-    them in each vLLM process (``kv_probe.observe``, ``cpu_pin.observe``)."""
-    from ..knobs import cpu_pin, kv_probe
+def port_checks() -> dict[str, tuple]:
+    """Each port's patch targets and source facts, as its module checks them in each vLLM
+    process (``kv_probe.observe``, ``cpu_pin.observe``, ``transfer.observe``; ExampleConnector
+    is a flag, so only here)."""
+    from ..knobs import cpu_pin, kv_probe, transfer
 
     return {"kv_probe": (kv_probe.WORKER_TARGETS, kv_probe.SOURCE),
-            "affinity": (cpu_pin.OBSERVE_TARGETS, cpu_pin.OBSERVE_SOURCE)}
+            "affinity": (cpu_pin.OBSERVE_TARGETS, cpu_pin.OBSERVE_SOURCE),
+            "transfer": (transfer.TARGETS, transfer.SOURCE),
+            "connector": (kv_connector.NATIVE_TARGETS, kv_connector.NATIVE_SOURCE)}
 
 
-INSTRUMENTS = ("kv_probe", "affinity")
+# What a native run may carry where its targets hold in the release's own source: two
+# instruments, which only read, and two knobs' values vLLM takes natively elsewhere
+# (``native.PORTABLE``). Each record keeps ``<port>_source``.
+PORTS = ("kv_probe", "affinity", "transfer", "connector")
 
 
-def probe_source(version: str, instrument: str = "kv_probe") -> dict[str, Any]:
-    """Whether an instrument's patch targets and source facts hold in the release's own
-    source, read from its wheel as ``compat`` reads one: where they hold, the instrument is
-    ported to the release; where not, what is missing."""
+def probe_source(version: str, port: str = "kv_probe") -> dict[str, Any]:
+    """Whether a port's patch targets and source facts hold in the release's own source,
+    read from its wheel as ``compat`` reads one: where they hold, it is ported to the
+    release; where not, what is missing."""
     from ..knobs.patch_checks import checks_for
     from ..knobs.source import WheelSource, installed_source
 
@@ -167,14 +189,14 @@ def probe_source(version: str, instrument: str = "kv_probe") -> dict[str, Any]:
                else WheelSource(survey.fetch_cpu_wheel(version)))
     except (OSError, subprocess.CalledProcessError) as e:
         return {"error": f"{type(e).__name__}: {e}"}
-    rows = [(c.name, *c.run(src)) for c in checks_for(*instrument_checks()[instrument])]
+    rows = [(c.name, *c.run(src)) for c in checks_for(*port_checks()[port])]
     return {"held": sum(ok for _, ok, _ in rows), "checks": len(rows),
             "failed": {name: where for name, ok, where in rows if not ok}}
 
 
 def sources_of(version: str) -> dict[str, dict[str, Any]]:
-    """``{instrument: probe_source}``: what each record keeps as ``<instrument>_source``."""
-    return {i: probe_source(version, i) for i in INSTRUMENTS}
+    """``{port: probe_source}``: what each record keeps as ``<port>_source``."""
+    return {i: probe_source(version, i) for i in PORTS}
 
 
 def held(source: dict[str, Any] | None) -> bool:
@@ -198,8 +220,8 @@ class ReleaseRecord:
 
 def check_release(version: str, findings: list[Finding], out: Path, command: str,
                   log_root: Path, sources: dict[str, dict[str, Any]]) -> ReleaseRecord:
-    """Every finding of ``findings`` natively on ``version``, those read by an instrument
-    where its source check (``sources``, ``sources_of``) holds; never raises for the
+    """Every finding of ``findings`` natively on ``version``, those that need a port where its
+    source check (``sources``, ``sources_of``) holds; never raises for the
     release."""
     t0 = time.monotonic()
     plans = plans_for(findings, sources)
@@ -214,11 +236,13 @@ def check_release(version: str, findings: list[Finding], out: Path, command: str
     pinned = any(p.runs and findings_by_id[fid].observes == "affinity"
                  for fid, p in plans.items())
     rel = NativeRelease(vv, python, per_request_field(version), log_root / "observe",
-                        kv_probe=probed, affinity=pinned)
+                        kv_probe=probed, affinity=pinned,
+                        ported=frozenset(n for n in PORTABLE if held(sources.get(n))))
     env = {"python": portable(python), "per_request_metrics": rel.per_request_metrics}
     uses, order = ordered_runs(plans)
     if not order:
         return _unrunnable(version, vv, None, findings, t0, env, plans)
+    prepare_prompts(order)
     with NativeSession(rel, log_root / "servers") as session:
         try:
             session.ensure(order[0][1])
@@ -238,17 +262,25 @@ def check_release(version: str, findings: list[Finding], out: Path, command: str
                          [{**asdict(o), "source": counted_by(uses[o.id], done)} for o in outs])
 
 
+def prepare_prompts(order: list) -> None:
+    """Every run's prompts built (and cached on disk) before any server starts: the native
+    servers' idle workers busy-poll both cores, and a tokenizer's first load (torch's import)
+    under them crawled for half an hour without finishing."""
+    for _, cfg in order:
+        prompt_sets.for_config(cfg)
+
+
 def plans_for(findings: list[Finding], sources: dict[str, dict[str, Any]]
               ) -> dict[str, NativePlan]:
-    """Each finding's ``plan_finding`` on a release whose instruments' source checks are
+    """Each finding's ``plan_finding`` on a release whose ports' source checks are
     ``sources``."""
-    ported = frozenset(i for i in INSTRUMENTS if held(sources.get(i)))
+    ported = frozenset(i for i in PORTS if held(sources.get(i)))
     base = check.connector_base("cpu", CONNECTOR)
     return {f.id: plan_finding(f, base, ported) for f in findings}
 
 
 def record_sources(rec: dict) -> dict[str, dict[str, Any]]:
-    return {i: rec.get(f"{i}_source") or {} for i in INSTRUMENTS}
+    return {i: rec.get(f"{i}_source") or {} for i in PORTS}
 
 
 def replanned(rec: dict) -> bool:
@@ -264,7 +296,7 @@ def replanned(rec: dict) -> bool:
     plans = plans_for([FINDINGS[i] for i in known], record_sources(rec))
     changed = False
     for fid, o in known.items():
-        why = plans[fid].why_not or (f"not run since its instrument was ported: releases "
+        why = plans[fid].why_not or (f"not run since its port was made: releases "
                                      f"--check --rerun --only {fid} measures it")
         if o["evidence"].get("why") != why:
             o["evidence"]["why"], changed = why, True
@@ -347,7 +379,7 @@ def run(versions: list[str], only: str | None, out: Path, command: str,
             print(f"{portable(path)} exists: {v} is not run again (delete it to rerun)",
                   flush=True)
             rec = json.loads(path.read_text())
-        for i in INSTRUMENTS:  # static: added to records made before the instrument was
+        for i in PORTS:  # static: added to records made before the port was
             if f"{i}_source" not in rec:
                 rec[f"{i}_source"], fresh = probe_source(v, i), True
         fresh |= backfill_sources(rec)
@@ -372,7 +404,7 @@ def merged(old: dict, new: dict) -> dict:
     out["reruns"] = [*old.get("reruns", []), {"command": new["command"],
                                                "findings": [f["id"] for f in new["findings"]],
                                                "seconds": new["seconds"], "why": new["why"]}]
-    for i in INSTRUMENTS:
+    for i in PORTS:
         out[f"{i}_source"] = new.get(f"{i}_source") or old.get(f"{i}_source")
     return out
 

@@ -30,7 +30,7 @@ import httpx
 from ..config import ConfigError, ExperimentConfig
 from ..experiment import Session
 from ..inputs import models
-from ..knobs import compat_fixes, cpu_pin, observe
+from ..knobs import compat_fixes, cpu_pin, observe, transfer
 from ..knobs import connector as kv_connector
 from ..knobs import spec as knob_spec
 from ..measuring.measure import run_coro
@@ -51,6 +51,7 @@ class NativeRelease:
     fixes_file: Path | None = None  # where each process logs its compatibility fixes
     kv_probe: bool = False  # the probe's targets hold in the release's source: servers carry it
     affinity: bool = False  # each worker writes its forward thread's cores (cpu_pin.observe)
+    ported: frozenset[str] = frozenset()  # knobs whose PORTABLE values its servers may take
 
     @property
     def fixes_log(self) -> Path:
@@ -80,21 +81,39 @@ class NativeRelease:
         return {d.name.removeprefix("observe-"): observe.reports(d)
                 for d in sorted(self.report_dir.glob("observe-*")) if d.is_dir()}
 
+    def live_reports(self, pattern: str) -> dict[str, list[dict[str, Any]]]:
+        """Per role, what each live worker wrote to files matching ``pattern`` (an earlier
+        server's worker is gone)."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for d in sorted(self.report_dir.glob("observe-*")):
+            seen = [json.loads(f.read_text()) for f in sorted(d.glob(pattern))]
+            if live := [w for w in seen if alive(w["pid"])]:
+                out[d.name.removeprefix("observe-")] = live
+        return out
+
     def workers(self) -> dict[str, Any]:
         """Per role, what each live worker wrote of its forward thread (``cpu_pin.observe``),
         in the shape the knob channel's ``detail`` has, which the detector reads."""
-        out: dict[str, Any] = {}
-        for d in sorted(self.report_dir.glob("observe-*")):
-            seen = [json.loads(f.read_text()) for f in sorted(d.glob(cpu_pin.REPORT_GLOB))]
-            live = [w for w in seen if alive(w["pid"])]
-            if live:
-                out[d.name.removeprefix("observe-")] = {"components": {"worker": live}}
-        return out
+        return {role: {"components": {"worker": live}}
+                for role, live in self.live_reports(cpu_pin.REPORT_GLOB).items()}
+
+    def staged(self, cfg: ExperimentConfig) -> dict[str, list[dict[str, Any]]]:
+        """Each P and D worker's host staging as it reads back (``transfer.observe``); raises
+        where a server runs otherwise than ``cfg`` asks, so no run measures the wrong path."""
+        want = cfg.knobs["transfer"]
+        got = self.live_reports(transfer.REPORT_GLOB)
+        wrong = {r: [w["value"] for w in got.get(r, [])] for r in ("p", "d")
+                 if not got.get(r) or any(w["value"] != want for w in got[r])}
+        if wrong and want != knob_spec.KNOBS["transfer"].default:
+            raise RuntimeError(f"vLLM {self.version} natively: transfer={want} asked, but the "
+                               f"workers read back {wrong} (the port did not install?)")
+        return got
 
     def record(self) -> dict[str, Any]:
         return {"version": self.version, "python": portable(self.python),
                 "per_request_metrics": self.per_request_metrics, "mode": "observe-only",
-                "kv_probe": self.kv_probe, "affinity": self.affinity}
+                "kv_probe": self.kv_probe, "affinity": self.affinity,
+                "ported": sorted(self.ported)}
 
 
 def alive(pid: int) -> bool:
@@ -108,11 +127,20 @@ def alive(pid: int) -> bool:
     return True
 
 
-def knobs_needed(cfg: ExperimentConfig) -> dict[str, str]:
+# Knob values a native run may take where their port holds in the release's source
+# (``history.PORTS``): paths vLLM takes natively elsewhere. Host staging is its own
+# ``kv_buffer_device: cpu`` on a GPU, made here by ``transfer.observe``; ExampleConnector is a
+# command-line flag.
+PORTABLE = {"transfer": ("host-staged",), "connector": kv_connector.NATIVE}
+
+
+def knobs_needed(cfg: ExperimentConfig, ported: frozenset[str] = frozenset()) -> dict[str, str]:
     """The knobs a run sets away from vLLM as released (client-side ones act in the client;
-    an instrument, the KV probe, changes nothing: ``NativeRelease.kv_probe`` says if it runs)."""
+    an instrument, the KV probe, changes nothing: ``NativeRelease.kv_probe`` says if it runs;
+    a ``PORTABLE`` value of a knob in ``ported`` is the release's own path)."""
     return {n: v for n, v in knob_spec.changed(cfg.knobs).items()
-            if not (knob_spec.KNOBS[n].client_side or knob_spec.KNOBS[n].instrument)}
+            if not (knob_spec.KNOBS[n].client_side or knob_spec.KNOBS[n].instrument
+                    or (n in ported and v in PORTABLE.get(n, ())))}
 
 
 def version_of(python: Path) -> str:
@@ -147,7 +175,26 @@ class NativeSession(Session):
         fresh = self.needs_start(cfg)
         super().ensure(cfg)
         if fresh and {"p", "d"} <= set(self.servers):
+            self.release.staged(cfg)
             self.handshake(cfg)
+
+    def apply_knobs(self, cfg: ExperimentConfig) -> dict[str, Any]:
+        """The channel gets the run without its ported values: they are in the servers from
+        their start (restart-time knobs; host staging checked by ``NativeRelease.staged``), and
+        the states say so for the roles they act on."""
+        ported = {n: v for n, v in cfg.knobs.items() if v in PORTABLE.get(n, ())}
+        defaults = {n: knob_spec.KNOBS[n].default for n in ported}
+        out = super().apply_knobs(dataclasses.replace(cfg, knobs={**cfg.knobs, **defaults}))
+        for n, v in ported.items():
+            for role in set(knob_spec.KNOBS[n].roles) & set(self.servers):
+                out[role][n] = v
+        return out
+
+    def reset_prefix_caches(self) -> None:
+        """Each run from empty caches: the servers' prefix caches, and ExampleConnector's
+        storage, which the knob channel empties on a new version (``connector.apply``)."""
+        super().reset_prefix_caches()
+        kv_connector.clear_storage(kv_connector.storage_dir(self.log_dir))
 
     def handshake(self, cfg: ExperimentConfig) -> None:
         """One PD request before a run's first, retried: D's first request makes its NIXL
@@ -174,7 +221,7 @@ class NativeSession(Session):
         if cfg.kv_probe and not self.release.kv_probe:
             raise ConfigError(f"vLLM {self.release.version} runs natively: the KV probe's "
                               "targets do not hold in its source, so its servers carry none")
-        if changed := knobs_needed(cfg):
+        if changed := knobs_needed(cfg, self.release.ported):
             raise ConfigError(f"vLLM {self.release.version} runs natively (the plugin "
                               f"observe-only): knobs {changed} cannot act there")
         models.fetch([cfg.target, cfg.drafter])
@@ -185,6 +232,12 @@ class NativeSession(Session):
         result.knobs["plugin"] = self.release.plugin_reports()
         if self.release.affinity:
             result.knobs["detail"] = self.release.workers()
+        ported = {n: v for n, v in result.knobs["requested"].items()
+                  if v in PORTABLE.get(n, ())}
+        if ported:
+            result.knobs["ported"] = {**ported, "transfer_read_back":
+                                      self.release.live_reports(transfer.REPORT_GLOB)}
         result.notes.append(f"vLLM {self.release.version} natively: the workbench plugin "
-                            "observe-only (no knob; only the release's compatibility fixes)")
+                            "observe-only (no knob; only the release's compatibility fixes"
+                            + (f"; the release's own path {ported}, ported)" if ported else ")"))
         return result
