@@ -29,8 +29,8 @@ SAME_PROMPT = "same-prompt"  # D gets the prompt again and finds P's KV in stora
 
 NOT_NIXL = "no NIXL connector: host staging is NixlConnector's use_host_buffer"
 # A native run of an old release (``releases --check``) may start P and D with ExampleConnector:
-# a command-line flag, no patch; the run reads its storage path from the extra config and
-# empties that folder before each run, as ``apply`` does through the knob channel.
+# a command-line flag, no patch; its session empties ``storage_dir`` before each run, as
+# ``apply`` does through the knob channel.
 EXAMPLE_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_connector"
 NATIVE_TARGETS = ((EXAMPLE_MODULE, "ExampleConnector", "build_connector_meta", None),)
 NATIVE_SOURCE = ((EXAMPLE_MODULE, "ExampleConnector.__init__", ('"shared_storage_path"',)),)

@@ -264,8 +264,8 @@ def check_release(version: str, findings: list[Finding], out: Path, command: str
 
 def prepare_prompts(order: list) -> None:
     """Every run's prompts built (and cached on disk) before any server starts: the native
-    servers' idle workers busy-poll both cores, and a tokenizer's first load (torch's import)
-    under them crawled for half an hour without finishing."""
+    servers' idle workers busy-poll both cores, and under them a first tokenizer load (torch's
+    import) in this process may not finish at all."""
     for _, cfg in order:
         prompt_sets.for_config(cfg)
 
