@@ -95,7 +95,8 @@ def figure(df: pd.DataFrame, out_dir: Path, prov: dict) -> list[Path]:
         ax.set_yticks([y - 0.5 for y in range(len(findings) + 1)], minor=True)
         ax.grid(which="minor", color="white", linewidth=1.5)
         ax.tick_params(which="minor", length=0)
-        ax.set_title("each finding natively on each vLLM release (CPU, NIXL pull, observe-only)")
+        ax.set_title("each finding natively on each vLLM release (CPU, observe-only; NIXL pull "
+                     "unless a ported path: host staging, ExampleConnector)")
         ax.legend(handles=[Patch(color=COLORS[v], label=v) for v in VERDICTS],
                   loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         notes = "\n".join(f"{n}: {_short(w)}" for n, w in enumerate(reasons, 1))
