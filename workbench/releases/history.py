@@ -40,7 +40,14 @@ from ..provenance import atomic_write_json
 from ..serving.reaper import STOPPING
 from . import matrix, survey
 from .envs import env_python
-from .native import PORTABLE, NativeRelease, NativeSession, knobs_needed, version_of
+from .native import (
+    PORTABLE,
+    NativeRelease,
+    NativeSession,
+    knobs_needed,
+    ported_values,
+    version_of,
+)
 
 # The last patch release of every minor from 0.19 (the first that stops: no spec decode on
 # the CPU) to the installed one; ``--all`` runs them all.
@@ -106,9 +113,8 @@ def plan_finding(f: Finding, base: dict, ported: frozenset[str] = frozenset()) -
 
 def unported(need: dict[str, str]) -> str:
     """Where a knob value a run needs has a port: that its targets do not hold here."""
-    ports = [n for n, v in need.items() if v in PORTABLE.get(n, ())]
-    return "".join(f", and the port of {n}={need[n]} does not hold in this release's source "
-                   f"({n}_source)" for n in ports)
+    return "".join(f", and the port of {n}={v} does not hold in this release's source "
+                   f"({n}_source)" for n, v in ported_values(need).items())
 
 
 def judge(f: Finding, p: NativePlan, results: dict[str, dict | None],

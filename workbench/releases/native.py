@@ -134,6 +134,11 @@ def alive(pid: int) -> bool:
 PORTABLE = {"transfer": ("host-staged",), "connector": kv_connector.NATIVE}
 
 
+def ported_values(knobs: dict[str, str]) -> dict[str, str]:
+    """The ``PORTABLE`` values among ``knobs``."""
+    return {n: v for n, v in knobs.items() if v in PORTABLE.get(n, ())}
+
+
 def knobs_needed(cfg: ExperimentConfig, ported: frozenset[str] = frozenset()) -> dict[str, str]:
     """The knobs a run sets away from vLLM as released (client-side ones act in the client;
     an instrument, the KV probe, changes nothing: ``NativeRelease.kv_probe`` says if it runs;
@@ -182,7 +187,7 @@ class NativeSession(Session):
         """The channel gets the run without its ported values: they are in the servers from
         their start (restart-time knobs; host staging checked by ``NativeRelease.staged``), and
         the states say so for the roles they act on."""
-        ported = {n: v for n, v in cfg.knobs.items() if v in PORTABLE.get(n, ())}
+        ported = ported_values(cfg.knobs)
         defaults = {n: knob_spec.KNOBS[n].default for n in ported}
         out = super().apply_knobs(dataclasses.replace(cfg, knobs={**cfg.knobs, **defaults}))
         for n, v in ported.items():
@@ -232,9 +237,7 @@ class NativeSession(Session):
         result.knobs["plugin"] = self.release.plugin_reports()
         if self.release.affinity:
             result.knobs["detail"] = self.release.workers()
-        ported = {n: v for n, v in result.knobs["requested"].items()
-                  if v in PORTABLE.get(n, ())}
-        if ported:
+        if ported := ported_values(result.knobs["requested"]):
             result.knobs["ported"] = {**ported, "transfer_read_back":
                                       self.release.live_reports(transfer.REPORT_GLOB)}
         result.notes.append(f"vLLM {self.release.version} natively: the workbench plugin "
