@@ -50,7 +50,9 @@ def test_the_host_staged_repro_needs_the_plugin_and_says_so(tmp_path):
     res = result(RELEASE, f"{fid}-main")
     cfg = ExperimentConfig.from_dict(res["config"])
     ns = script_namespace(report.standalone(FINDINGS[fid], cfg, res), tmp_path)
-    assert ns["PLUGIN_ENV"] == {"WORKBENCH_TRANSFER": "host-staged"}
+    # with the CPU profile's NIXL progress delay: idle host-staged workers otherwise spin
+    assert ns["PLUGIN_ENV"] == {"WORKBENCH_TRANSFER": "host-staged",
+                                "WORKBENCH_NIXL_PROGRESS_DELAY_US": "1000"}
     assert ns["PLUGIN_KNOBS"]["transfer"] == "host-staged"
     o = check.load(RELEASE).outcomes[0]
     page = report.page(FINDINGS[fid], o, SimpleNamespace(version="0.32.0", commit=None,

@@ -57,10 +57,15 @@ def plugin_knobs(cfg: ExperimentConfig) -> dict[str, str]:
 
 
 def plugin_env(cfg: ExperimentConfig) -> dict[str, str]:
-    """The restart-time variables that ask the plugin for ``plugin_knobs`` (empty: none)."""
+    """The restart-time variables that ask the plugin for ``plugin_knobs`` (empty: none), and,
+    where the plugin runs, the profile's NIXL progress delay as the workbench's own servers
+    get it: without it idle host-staged P and D workers spin on both cores of the CPU box and
+    starve the script's requests (``knobs/nixl_progress.py``)."""
     knobs = plugin_knobs(cfg)
     env = knob_spec.restart_env({**knob_spec.defaults(), **knobs}) if knobs else {}
     env.pop(knob_spec.ENV_CONNECTOR, None)  # the plugin only reads the connector back
+    if env and (delay := profiles.get(cfg.profile).nixl_progress_delay_us):
+        env[knob_spec.ENV_NIXL_PROGRESS_DELAY_US] = str(delay)
     return env
 
 
