@@ -95,6 +95,8 @@ def alive(pids: set[int]) -> set[int]:
 def pytest_collection_modifyitems(config, items):
     """Tests that need the shared servers restarted (restart-time knobs) run last, so the
     servers restart once rather than back and forth; those that change the KV connector
-    last of all, so no test restarts P and D back to NIXL after them."""
+    after them, so no test restarts P and D back to NIXL after them. A change of model runner
+    restarts all three servers (the baseline too): those tests run last of all."""
     items.sort(key=lambda item: (item.get_closest_marker("restart") is not None,
+                                 item.get_closest_marker("runner") is not None,
                                  item.get_closest_marker("connector") is not None))

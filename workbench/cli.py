@@ -403,6 +403,9 @@ def _add_check(sub) -> None:
     cp.add_argument("--connector", default="nixl", help="the KV connector every run uses (knob "
                     "connector: docs/connectors.md; default nixl); findings that need a knob "
                     "that does not act through it say not-applicable, with why")
+    cp.add_argument("--runner", choices=("v1", "v2"), help="the model runner every run uses "
+                    "(knob runner: docs/runners.md; default: the profile's, v1 on the CPU); "
+                    "its verdicts are judged against the expectations file's runners.<runner>")
     _add_attach_args(cp, "; findings that need other server fields say not-applicable")
     cp.set_defaults(func=cmd_check)
 

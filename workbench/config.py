@@ -149,7 +149,8 @@ class ExperimentConfig:
 
     @classmethod
     def for_profile(cls, profile: str, **overrides: Any) -> ExperimentConfig:
-        """A config with the profile's defaults (models, block size, prompts, tokens)."""
+        """A config with the profile's defaults (models, block size, prompts, tokens, the
+        knob ``runner``; knobs given in ``overrides`` win)."""
         try:
             prof = profiles.get(profile)
         except ValueError as e:
@@ -161,7 +162,11 @@ class ExperimentConfig:
         if prof.default_target:
             data["target"] = prof.default_target
             data["drafter"] = prof.default_drafter
+        knobs = overrides.pop("knobs", None)
         data.update(overrides)
+        data["knobs"] = {"runner": prof.runner, **(knobs if isinstance(knobs, dict) else {})}
+        if knobs is not None and not isinstance(knobs, dict):
+            data["knobs"] = knobs  # validate() names what is wrong with it
         return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from .knobs.release import vllm_version
 from .measuring import kv_compare
 from .measuring.baseline_cache import BaselineCache
 from .measuring.measure import Progress, Requests, measure, run_coro
-from .measuring.results import Result, aggregate, runner_in_force
+from .measuring.results import Result, aggregate, runner_by_role, runner_in_force
 from .provenance import git_commit
 from .serving import channels, rundir
 from .serving.server_set import ServerSet, check_vllm_release
@@ -306,7 +306,7 @@ def new_result(cfg: ExperimentConfig, command: str | None, n: int, states: dict[
         config=cfg.to_dict(), command=command or _default_command(),
         vllm_version=vllm_version(), git_commit=git_commit(),
         vllm_release=(b.table_entry if b else None), vllm_build=(b.record() if b else None),
-        model_runner=runner_in_force(states),
+        model_runner=runner_in_force(states), runner=runner_by_role(states),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         prompt_set=cfg.prompt_set if cfg.prompt_file is None else cfg.prompt_file,
         num_prompts=n, wall_seconds=0.0, engine_seconds=0.0,

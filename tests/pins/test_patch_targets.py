@@ -6,9 +6,10 @@ exist with the parameters the wrappers expect and that the source facts of its `
 tuple (call orders included) hold, through vLLM's own imports (``tests/pins/test_compat.py``
 runs the same table through ``compat``'s static reader); every patch set of the entry is
 pinned (``test_every_patch_set_of_the_installed_release_is_pinned``). The Model Runner V2 ones
-(``..._stand_in_for_gpu_no_gpu``) check source and run wrappers on fake connectors only: that
-runner needs a GPU (Triton) and cannot run here; 0.33.0's, not installed, runs on a stand-in
-checked against 0.33.0's wheel where ``make compat`` cached it.
+(``..._stand_in_for_gpu_no_gpu``) check source and run wrappers on fake connectors; the live
+tests run MRV2 on the CPU through Triton's interpreter (knob ``runner``,
+``tests/servers/test_runners.py``); 0.33.0's, not installed, runs on a stand-in checked
+against 0.33.0's wheel where ``make compat`` cached it.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def _source(facts):
         owner = importlib.import_module(module)
         for part in qual.split("."):
             owner = getattr(owner, part)
+        owner = owner.fget if isinstance(owner, property) else owner
         src, at = inspect.getsource(owner), 0
         for snippet in snippets:
             at = src.find(snippet, at)

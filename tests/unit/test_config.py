@@ -103,7 +103,7 @@ def test_knob_defaults_are_the_fixed_behaviour():
         "finalize": "deferred", "prefill_lookahead": "default", "block_handoff": "clipped",
         "load_step": "as-released",
         "blocks": "as-is", "dirty_source": "noise", "transfer": "direct", "connector": "nixl",
-        "double_bos": "off", "kv_probe": "off",
+        "runner": "v1", "double_bos": "off", "kv_probe": "off",
     }
 
 

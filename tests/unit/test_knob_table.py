@@ -80,9 +80,12 @@ def test_spec_names_and_env_unchanged():
     assert spec.ENV_ROLE == "WORKBENCH_ROLE"
     assert spec.ENV_TRANSFER == "WORKBENCH_TRANSFER"
     assert spec.ENV_CONNECTOR == "WORKBENCH_CONNECTOR"
-    assert spec.restart_knobs() == ("transfer", "connector")
-    assert spec.restart_knobs("p") == spec.restart_knobs("d") == ("transfer", "connector")
-    assert spec.restart_knobs("baseline") == ()  # no KV connector to stage through
+    assert spec.ENV_RUNNER == "WORKBENCH_RUNNER"
+    assert spec.restart_knobs() == ("transfer", "connector", "runner")
+    assert spec.restart_knobs("p") == spec.restart_knobs("d") == (
+        "transfer", "connector", "runner")
+    # no KV connector to stage through; the runner is D's
+    assert spec.restart_knobs("baseline") == ("runner",)
     # every knob the server reports is owned by some component; double_bos is client-side
     owned = {k for c in spec.COMPONENTS for k in spec.owned(c)}
     assert owned | set(spec.client_side()) == set(spec.KNOBS)
@@ -167,4 +170,4 @@ def test_restart_time_knobs_come_from_the_environment(monkeypatch):
     assert list(gaps) == ["transfer"] and "needs a restart" in gaps["transfer"]
     assert component.restart_gaps(spec.defaults()) == {}
     assert spec.restart_env({**spec.defaults(), "transfer": "host-staged"}) == {
-        spec.ENV_TRANSFER: "host-staged", spec.ENV_CONNECTOR: "nixl"}
+        spec.ENV_TRANSFER: "host-staged", spec.ENV_CONNECTOR: "nixl", spec.ENV_RUNNER: "v1"}

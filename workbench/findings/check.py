@@ -208,17 +208,20 @@ def judge(f: Finding, results: dict[str, dict | None], expected: str | None, sec
     return Outcome(f.id, verdict, expected, evidence, controls, round(seconds, 1), paths)
 
 
-def expectations(path: Path | None, entry: str, connector: str = "nixl"
-                 ) -> tuple[Path, dict]:
+def expectations(path: Path | None, entry: str, connector: str = "nixl",
+                 runner: str = "v1") -> tuple[Path, dict]:
     """The expectations file (``--expect``, else the build's table entry's): ``findings``
     maps id -> verdict, ``optional`` lists the ids whose not-applicable is no difference. A
-    connector other than NIXL pull has its own verdicts under ``connectors``, which replace
-    these (none recorded: every verdict is unexpected)."""
+    connector other than NIXL pull has its own verdicts under ``connectors``, and Model Runner
+    V2 under ``runners``, which replace these (none recorded: every verdict is unexpected)."""
     p = Path(path) if path else EXPECTED / f"expected-{entry}.json"
     if not p.is_file():
         raise ConfigError(f"--expect {p}: no such file; committed: "
                           f"{', '.join(x.name for x in sorted(EXPECTED.glob('expected-*.json')))}")
     doc = json.loads(p.read_text())
+    if runner != knob_spec.KNOBS["runner"].default:
+        return p, {"optional": doc.get("optional", []), "findings": {},
+                   **(doc.get("runners") or {}).get(runner, {})}
     if connector == kv_connector.DEFAULT:
         return p, doc
     return p, {"optional": doc.get("optional", []), "findings": {},
@@ -236,6 +239,17 @@ def connector_base(profile: str, connector: str) -> dict:
     except ValueError as e:
         raise ConfigError(f"--connector: {e}") from None
     return {"profile": profile, "knobs": {"connector": connector}}
+
+
+def check_base(profile: str, connector: str, runner: str | None) -> dict:
+    """``connector_base`` and the model runner every run uses (None: the profile's)."""
+    base = connector_base(profile, connector)
+    try:
+        base["knobs"]["runner"] = knob_spec.check_value(
+            "runner", runner if runner is not None else profiles.get(profile).runner)
+    except ValueError as e:
+        raise ConfigError(f"--runner: {e}") from None
+    return base
 
 
 def run_names(uses: dict[str, dict]) -> dict[str, str]:
@@ -303,9 +317,10 @@ def outcomes(findings, uses, skipped, done: Executed, expected: dict) -> list[Ou
 
 
 def write(out: Path, build: dict, outs: list[Outcome], command: str, expect_file: Path,
-          junit: Path | None, created: str | None = None, connector: str = "nixl") -> Path:
+          junit: Path | None, created: str | None = None, connector: str = "nixl",
+          runner: str = "v1") -> Path:
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    doc = {"build": build, "connector": connector, "command": command,
+    doc = {"build": build, "connector": connector, "runner": runner, "command": command,
            "expect": portable(expect_file),
            "created": created or now, **({"judged_again": now} if created else {}),
            "ok": all(o.ok for o in outs), "findings": [asdict(o) for o in outs]}
@@ -370,7 +385,8 @@ def run(only: str | None, out: str | Path, *, expect: str | None = None,
         junit: str | None = None, report: str | None = None, profile: str = "cpu",
         urls: dict[str, str] | None = None, knobs_file: str | None = None,
         state_dir: str | None = None, log_dir: str | None = None,
-        command: str = "python -m workbench check", connector: str = "nixl") -> Checked:
+        command: str = "python -m workbench check", connector: str = "nixl",
+        runner: str | None = None) -> Checked:
     """Plan, run and judge the findings ``only`` names (all when None); write check.json, and
     JUnit XML and reports when asked. Bad input raises ConfigError before any server starts."""
     from .. import experiment
@@ -379,13 +395,14 @@ def run(only: str | None, out: str | Path, *, expect: str | None = None,
     from ..serving.server_set import check_vllm_release
 
     findings = select(only)
-    base = connector_base(profile, connector)
+    base = check_base(profile, connector, runner)
+    runner = base["knobs"]["runner"]
     out = rundir.check_out_dir(str(out))
     b = experiment.local_build() if urls else check_vllm_release()
     if b is None:
         raise ConfigError("check --attach needs the vLLM build the servers run installed here "
                           "too: its table entry names the expectations")
-    expect_file, expected = expectations(expect, b.table_entry, connector)
+    expect_file, expected = expectations(expect, b.table_entry, connector, runner)
     order, uses, skipped = plan(findings, base, bool(urls),
                                 lambda cfg: build.refusal(b, cfg.knobs))
     session = (experiment.Session.attach(urls, knobs_file=knobs_file, state_dir=state_dir)
@@ -395,7 +412,7 @@ def run(only: str | None, out: str | Path, *, expect: str | None = None,
         done = execute(session, order, uses, out, command)
     outs = outcomes(findings, uses, skipped, done, expected)
     write(out, {**b.record(), "expect_verified": expected.get("verified")}, outs, command,
-          expect_file, junit, connector=connector)
+          expect_file, junit, connector=connector, runner=runner)
     reports = []
     if report:
         from .report import write_reports
@@ -428,7 +445,8 @@ def rejudge(out: str | Path, report: str | Path | None = None) -> Checked:
     first = next(iter((out / "runs").glob("*/result.json")), None)
     profile = json.loads(first.read_text())["config"]["profile"] if first else "cpu"
     connector = doc.get("connector", kv_connector.DEFAULT)
-    _, uses, skipped = plan(findings, connector_base(profile, connector), attached=False)
+    runner = doc.get("runner", knob_spec.KNOBS["runner"].default)
+    _, uses, skipped = plan(findings, check_base(profile, connector, runner), attached=False)
     done = Executed()
     for k, name in run_names(uses).items():
         path = out / "runs" / name / "result.json"
@@ -439,13 +457,13 @@ def rejudge(out: str | Path, report: str | Path | None = None) -> Checked:
             res = None
         done.results[k] = res
     _, expected = expectations(resolve(doc["expect"]), doc["build"].get("table_entry"),
-                               connector)
+                               connector, runner)
     outs = outcomes(findings, uses, skipped, done, expected)
     for o in outs:
         o.seconds = old[o.id]["seconds"]
     build = SimpleNamespace(**doc["build"])
     write(out, doc["build"], outs, doc["command"], resolve(doc["expect"]), None, doc["created"],
-          connector)
+          connector, runner)
     reports = []
     if report:
         from .report import write_reports
@@ -460,7 +478,7 @@ def main(args, command: str, urls: dict[str, str] | None) -> int:
     c = run(args.only, args.out, expect=args.expect, junit=args.junit, report=args.report,
             profile=args.profile, urls=urls, knobs_file=args.knobs_file,
             state_dir=args.state_dir, log_dir=args.log_dir, command=command,
-            connector=args.connector)
+            connector=args.connector, runner=args.runner)
     print(table(c.outcomes))
     print(f"vLLM {c.build.version} ({c.build.source}, entry {c.build.table_entry}); {c.runs} "
           f"runs in {c.seconds:.0f} s; wrote {c.out / 'check.json'}")

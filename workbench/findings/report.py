@@ -48,10 +48,10 @@ def plugin_knobs(cfg: ExperimentConfig) -> dict[str, str]:
     """The knobs off their as-released value that only the workbench's plugin gives this
     platform (host staging on a CPU: NIXL turns its host buffer off there); empty when vLLM
     alone runs the experiment. The KV probe only measures, and the script does not read it;
-    the connector is vLLM's own command line."""
+    the connector is vLLM's own command line, the runner vLLM's own environment variable."""
     defaults = knob_spec.defaults()
-    native = {"connector"} | ({"transfer"} if profiles.get(cfg.profile).device != "cpu"
-                              else set())
+    native = {"connector", "runner"} | (
+        {"transfer"} if profiles.get(cfg.profile).device != "cpu" else set())
     return {n: v for n, v in cfg.knobs.items()
             if v != defaults.get(n) and n not in native and n != "kv_probe"}
 
@@ -63,7 +63,8 @@ def plugin_env(cfg: ExperimentConfig) -> dict[str, str]:
     starve the script's requests (``knobs/nixl_progress.py``)."""
     knobs = plugin_knobs(cfg)
     env = knob_spec.restart_env({**knob_spec.defaults(), **knobs}) if knobs else {}
-    env.pop(knob_spec.ENV_CONNECTOR, None)  # the plugin only reads the connector back
+    env.pop(knob_spec.ENV_CONNECTOR, None)  # the plugin only reads these two back
+    env.pop(knob_spec.ENV_RUNNER, None)
     if env and (delay := profiles.get(cfg.profile).nixl_progress_delay_us):
         env[knob_spec.ENV_NIXL_PROGRESS_DELAY_US] = str(delay)
     return env

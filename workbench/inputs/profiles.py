@@ -63,6 +63,11 @@ class Profile:
     server_args: tuple[str, ...] = ()  # more flags for every server of the profile
     server_env: dict[str, str] = field(default_factory=dict)  # more variables for every server
     hf_offline: bool = False  # True: servers get HF_HUB_OFFLINE=1 (local models only)
+    # The knob ``runner`` a config of this profile starts from (``ExperimentConfig.for_profile``):
+    # what vLLM itself runs there. GPU: Model Runner V2 (vLLM's default wherever Triton is);
+    # CPU: the V1 runner (vLLM's fallback without triton-cpu; docs/runners.md says why the
+    # workbench keeps it the CPU's default).
+    runner: str = "v1"
 
 
 # What every GPU profile shares: vLLM's test's models, prompts, lengths and server flags.
@@ -73,7 +78,7 @@ _GPU_TEST = dict(
     default_prompt_set="mt_bench", default_max_tokens=256, expected=GPU_EXPECTED,
     max_model_len=16384, speculative_max_model_len=True,
     server_args=("--tensor-parallel-size", "1", "--attention-backend", "FLASH_ATTN"),
-    server_env={"VLLM_KV_CACHE_LAYOUT": "LBHNC", "UCX_NET_DEVICES": "all"},
+    server_env={"VLLM_KV_CACHE_LAYOUT": "LBHNC", "UCX_NET_DEVICES": "all"}, runner="v2",
 )
 
 PROFILES: dict[str, Profile] = {

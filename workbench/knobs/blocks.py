@@ -173,6 +173,15 @@ def _ensure_zeroer(runner) -> str:
     return "V1: _kv_block_zeroer present"
 
 
+def drafter_layers(runner) -> set[str]:
+    """The drafter's attention layer names: the V1 runner's
+    ``runner.drafter._draft_attn_layer_names`` (``SpecDecodeBaseProposer``), Model Runner V2's
+    ``runner.speculator.draft_attn_layer_names`` (``DraftModelSpeculator``); empty without one."""
+    v1 = getattr(getattr(runner, "drafter", None), "_draft_attn_layer_names", None)
+    v2 = getattr(getattr(runner, "speculator", None), "draft_attn_layer_names", None)
+    return set(v1 or v2 or ())
+
+
 def kv_tensors(runner) -> list[tuple[str, Any]]:
     """(layer name, KV cache tensor) for every distinct KV tensor the runner uses."""
     import torch
@@ -243,7 +252,7 @@ def fill_noise(runner, seed: int, std: float) -> dict[str, Any]:
     import torch
 
     num_blocks = runner.kv_cache_config.num_blocks
-    drafter = getattr(getattr(runner, "drafter", None), "_draft_attn_layer_names", None) or set()
+    drafter = drafter_layers(runner)
     before = observe(runner)  # the magnitude K/V had in this cache before the fill
     filled: list[str] = []
     skipped: dict[str, str] = {}

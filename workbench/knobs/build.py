@@ -63,10 +63,14 @@ class Build:
                         f"{'REFUSED' if bad else 'usable'} |")
         return rows
 
-    def refused(self) -> dict[str, list[str]]:
-        """Knob -> the failing checks that refuse it (``mechanism_knobs``)."""
+    def refused(self, runner: str | None = None) -> dict[str, list[str]]:
+        """Knob -> the failing checks that refuse it (``mechanism_knobs``). With ``runner``,
+        a patch set of the other runner (``"<mechanism>/<runner>"``) refuses nothing: its
+        patches are never installed there."""
         out: dict[str, list[str]] = {}
         for key, fails in self.failures.items():
+            if runner is not None and key_runner(key) not in (None, runner):
+                continue
             for knob in mechanism_knobs(key.split("/")[0]):
                 out.setdefault(knob, []).extend(fails)
         return out
@@ -88,6 +92,12 @@ class Build:
                 f"patch checks fail on the installed source; knobs refused: "
                 f"{', '.join(refused) or 'none'}; failing: " + "; ".join(
                     f for fs in self.failures.values() for f in fs))
+
+
+def key_runner(key: str) -> str | None:
+    """The runner a patch-set key is for (``"finalize/v2"`` -> ``"v2"``), None for both."""
+    part = key.split("/", 1)[1] if "/" in key else None
+    return part if part in release.RUNNERS else None
 
 
 def mechanism_knobs(mechanism: str) -> tuple[str, ...]:
@@ -165,7 +175,8 @@ def refusal(build: Build, knobs: dict[str, str]) -> str | None:
                 f"installed source ({'; '.join(build.failures[WHOLE_PLUGIN])}); no run can "
                 "use the knobs on this build")
     asked = knob_spec.changed(knobs)
-    refused = {k: v for k, v in build.refused().items() if k in asked}
+    runner = knobs.get("runner", knob_spec.KNOBS["runner"].default)
+    refused = {k: v for k, v in build.refused(runner).items() if k in asked}
     if not refused:
         return None
     return (f"vLLM {build.version} (using the {build.table_entry} entry): knob(s) "

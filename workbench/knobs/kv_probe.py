@@ -49,18 +49,28 @@ WORKER_TARGETS = (
     ("vllm.v1.worker.gpu_worker", "Worker", "sample_tokens", ["self", "grammar_output"]),
     ("vllm._custom_ops", None, "cpu_attn_reshape_and_cache", None),
 )
-# What the capture points rely on: the V1 runner drafts inside sample_tokens (so P's and the
-# baseline's capture after it sees the drafter's prompt KV); D schedules a loaded request only
-# after NIXL's load finished; CPU_ATTN writes through cpu_attn_reshape_and_cache on a
-# [B, H, 2N, D] view (slot_order learns the packing from that kernel).
-SOURCE = (
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens",
-     ("def propose_draft_token_ids(", "propose_draft_token_ids(sampled_token_ids)")),
+# What the capture points rely on, either runner: D schedules a loaded request only after
+# NIXL's load finished; CPU_ATTN writes through cpu_attn_reshape_and_cache on a [B, H, 2N, D]
+# view (slot_order learns the packing from that kernel).
+_COMMON_SOURCE = (
     ("vllm.v1.core.sched.scheduler", "Scheduler._update_waiting_for_remote_kv",
      ("self.finished_recving_kv_req_ids.remove(request.request_id)",)),
     ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackendImpl.do_kv_cache_update",
      ("kv_cache.view((num_blocks, num_kv_heads, block_size * 2, -1))",
       "cpu_attn_reshape_and_cache(")),
+)
+# The V1 runner drafts inside sample_tokens, so P's and the baseline's capture after it sees
+# the drafter's prompt KV.
+SOURCE = (
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens",
+     ("def propose_draft_token_ids(", "propose_draft_token_ids(sampled_token_ids)")),
+    *_COMMON_SOURCE,
+)
+# Model Runner V2 drafts inside sample_tokens too, so the same capture points serve it.
+V2_SOURCE = (
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.sample_tokens",
+     ("self.speculator.propose(",)),
+    *_COMMON_SOURCE,
 )
 
 
@@ -93,12 +103,11 @@ class Probe:
 
     # -- layout ------------------------------------------------------------------------
     def bind(self, runner) -> None:
-        from .blocks import kv_tensors
+        from .blocks import drafter_layers, kv_tensors
 
         self.runner = runner
         cfg = runner.kv_cache_config
-        drafter = set(getattr(getattr(runner, "drafter", None), "_draft_attn_layer_names",
-                              None) or ())
+        drafter = drafter_layers(runner)
         group_of = {n: g for g, grp in enumerate(cfg.kv_cache_groups) for n in grp.layer_names}
         bs = {g: grp.kv_cache_spec.block_size for g, grp in enumerate(cfg.kv_cache_groups)}
         self.layers = []

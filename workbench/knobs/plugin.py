@@ -33,6 +33,7 @@ from . import _patch, cpu_pin, nixl_progress, spec
 from .component import log, refuse, resolve, start_component
 from .http_channel import METHOD, worker_method
 from .release import check_version, runner_kind
+from .triton_cpu import profile as triton_profile
 
 # What register() patches to start the components (and the knob channel over HTTP).
 TARGETS = (
@@ -54,7 +55,12 @@ def set_build(b) -> None:
     """Record the build's verdict: components leave the knobs it refuses uninstalled."""
     global _build
     _build = b
-    refuse(b.refused())
+    refuse(b.refused(_runner_asked()))
+
+
+def _runner_asked() -> str:
+    """The runner this server was started for (the restart-time knob ``runner``)."""
+    return os.environ.get(spec.ENV_RUNNER, spec.KNOBS["runner"].default)
 
 
 def register() -> None:
@@ -80,6 +86,8 @@ def register() -> None:
             nixl_progress.install(delay_us)
         if knobs_on:
             _install_knobs()
+        if profile_dir := triton_profile.requested():
+            triton_profile.install(profile_dir, os.environ.get(spec.ENV_ROLE, "unknown"))
         _installed = True
 
 
@@ -108,7 +116,7 @@ def _install_knobs() -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.worker.gpu_worker import Worker
 
-    refused = _build.refused() if _build is not None else {}
+    refused = _build.refused(_runner_asked()) if _build is not None else {}
     refs = [k.register for n, k in spec.KNOBS.items() if k.register and n not in refused]
     for ref in dict.fromkeys(refs):
         resolve(ref)()

@@ -72,8 +72,10 @@ _COMMON = {
     "blocks/v1": Patches(_K + "blocks:WORKER_TARGETS"),
     "blocks/v2": Patches(_K + "blocks:V2_WORKER_TARGETS"),
     "transfer": Patches(_K + "transfer:TARGETS", _K + "transfer:SOURCE"),
-    "kv_probe": Patches(_K + "kv_probe:WORKER_TARGETS", _K + "kv_probe:SOURCE"),
+    "kv_probe/v1": Patches(_K + "kv_probe:WORKER_TARGETS", _K + "kv_probe:SOURCE"),
+    "kv_probe/v2": Patches(_K + "kv_probe:WORKER_TARGETS", _K + "kv_probe:V2_SOURCE"),
     "cpu_pin": Patches(_K + "cpu_pin:TARGETS", _K + "cpu_pin:SOURCE"),
+    "runner/v2": Patches(_K + "runner:V2_TARGETS", _K + "runner:V2_SOURCE"),
 }
 
 RELEASES: dict[str, Release] = {

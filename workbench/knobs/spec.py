@@ -27,6 +27,7 @@ ENV_STATE_DIR = "WORKBENCH_KNOBS_STATE_DIR"  # each vLLM process writes what is 
 ENV_ROLE = "WORKBENCH_ROLE"  # "p", "d" or "baseline"
 ENV_TRANSFER = "WORKBENCH_TRANSFER"  # restart-time knob, fixed for the server's life
 ENV_CONNECTOR = "WORKBENCH_CONNECTOR"  # restart-time knob: the KV connector P and D run
+ENV_RUNNER = "WORKBENCH_RUNNER"  # restart-time knob: the model runner every server runs
 ENV_NIXL_PROGRESS_DELAY_US = "WORKBENCH_NIXL_PROGRESS_DELAY_US"  # see nixl_progress.py
 ENV_PIN_MAIN_THREAD = "WORKBENCH_PIN_MAIN_THREAD"  # "1": see cpu_pin.py
 ENV_OBSERVE_ONLY = "WORKBENCH_OBSERVE_ONLY"  # a directory: no knob, see observe.py
@@ -152,6 +153,17 @@ KNOBS: dict[str, KnobSpec] = {
             roles=("p", "d"),  # the baseline has no KV connector: a change keeps it running
             restart=True, env=ENV_CONNECTOR,
             why_restart="vLLM builds the KV connector once, from --kv-transfer-config",
+        ),
+        KnobSpec(
+            "runner", ("v1", "v2"), "v1",
+            where="worker: the model runner CPUWorker / Worker builds (v1: "
+            "vllm/v1/worker/gpu_model_runner.py, the CPU's cpu_model_runner.py; v2: Model "
+            "Runner V2, vllm/v1/worker/gpu/model_runner.py, the CPU's cpu/model_runner.py, "
+            "its Triton kernels run by Triton's interpreter). Chosen by the server's "
+            "environment (VLLM_USE_V2_MODEL_RUNNER); the plugin reads back the class built",
+            hooks={"worker": _hook("runner")},
+            restart=True, env=ENV_RUNNER,
+            why_restart="vLLM builds the model runner once, when the worker starts",
         ),
         KnobSpec(
             "double_bos", ("off", "on"), "off",

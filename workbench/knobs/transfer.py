@@ -163,11 +163,13 @@ def _record_received(comp: Component, worker, meta) -> None:
     """
     import torch
 
+    from .blocks import drafter_layers
+
     ids = [b for g in (meta.local_physical_block_ids or []) for b in g]
     if not ids:
         return
     runner = getattr(comp.obj, "model_runner", None)
-    drafter = getattr(getattr(runner, "drafter", None), "_draft_attn_layer_names", None) or set()
+    drafter = drafter_layers(runner)
 
     def rms_of(block_ids):
         sums = {"target": [0.0, 0], "drafter": [0.0, 0]}

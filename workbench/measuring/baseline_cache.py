@@ -1,8 +1,8 @@
 """Baseline results kept across runs, keyed by everything that determines them.
 
 The baseline does not depend on the PD knobs, so a sweep measures it once per prompt set:
-the key is the baseline server's shape, the prompts' token ids, the new-token budget and the
-vLLM release.
+the key is the baseline server's shape, the prompts' token ids, the new-token budget, the
+vLLM release and the model runner (knob ``runner``: the baseline runs D's).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ class BaselineCache:
                  vllm_version(), token_ids]
         if cfg.budget("baseline") is not None or not cfg.padded_drafter_batch:
             shape += [cfg.budget("baseline"), cfg.padded_drafter_batch]  # old keys stay
+        if cfg.knobs.get("runner", "v1") != "v1":
+            shape += [cfg.knobs["runner"]]  # old (V1) keys stay
         digest = hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:24]
         return self.directory / f"baseline-{digest}.json"
 

@@ -15,8 +15,9 @@ from .stats import INCONCLUSIVE, TOLERANCE
 
 
 def lines(result: Any) -> list[str]:
-    out = [side_line(side, getattr(result, side)) for side in ("baseline", "pd")
-           if getattr(result, side)]
+    out = [runner_line(result.runner)] if getattr(result, "runner", None) else []
+    out += [side_line(side, getattr(result, side)) for side in ("baseline", "pd")
+            if getattr(result, side)]
     eff = result.effect or {}
     head = eff.get("headline")
     if head and result.pd and result.baseline:
@@ -26,6 +27,12 @@ def lines(result: Any) -> list[str]:
     if head and all(v == INCONCLUSIVE for v in head["verdict"]):
         out.append(too_small_line(head, result.baseline, result.num_prompts))
     return out
+
+
+def runner_line(by_role: dict[str, str]) -> str:
+    """The model runner each role's workers built (the knob ``runner``, read back)."""
+    return "  runner: " + ", ".join(f"{role} {r}" for role, r in by_role.items()) + (
+        " (read back from the workers)")
 
 
 def side_line(side: str, s: dict) -> str:

@@ -59,6 +59,9 @@ class Result:
     # model runner the servers' workers ran ("v1", "v2"; "v1,v2" mixed; None: no read-back).
     vllm_release: str | None = None
     model_runner: str | None = None
+    # The knob ``runner`` as each role's workers read it back (the model runner class they
+    # built, ``knobs/runner.py``): {"p": "v2", "d": "v2", "baseline": "v2"}; None: no read-back.
+    runner: dict[str, str] | None = None
     # The build the run used (knobs/build.py): {version, table_entry, source ("table" |
     # "installed-source"), checks_passed, checks_total (the entry's patch checks on the
     # installed source), commit (vllm._version.__commit_id__, None where the build has none)};
@@ -210,6 +213,13 @@ def runner_in_force(knobs: dict[str, Any]) -> str | None:
             if isinstance(st, dict) and st.get("runner"):
                 seen.add(st["runner"])
     return ",".join(sorted(seen)) or None
+
+
+def runner_by_role(knobs: dict[str, Any]) -> dict[str, str] | None:
+    """Per role, the ``runner`` its workers read back (None when no role reported one)."""
+    out = {role: knobs[role]["runner"] for role in ("p", "d", "baseline")
+           if isinstance(knobs.get(role), dict) and knobs[role].get("runner")}
+    return out or None
 
 
 def first_diff(a: list[int], b: list[int]) -> int | None:

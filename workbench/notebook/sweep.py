@@ -121,6 +121,19 @@ GRIDS: dict[str, list[Point]] = {
             ("multi", "MultiConnector: NIXL pull, and ExampleConnector saving beside it"))
         for c in (1, 32)
     ],
+    # The same settings on each model runner (docs/runners.md): the V1 runner's points, then
+    # Model Runner V2's (a change of runner restarts every server, the baseline too).
+    "runners": [
+        Point(f"{name}, {runner}", prompt_set, {**knobs, "runner": runner}, why)
+        for runner in ("v1", "v2")
+        for name, prompt_set, knobs, why in (
+            ("fixed", "indomain", {}, "every fix in place: parity expected on either runner"),
+            ("legacy hand-off", "badcase", {"block_handoff": "legacy"},
+             "P hands its lookahead block too, whichever runner computes the KV"),
+            ("legacy, last block, as-is", "lastblock", {"block_handoff": "legacy"},
+             "P's never-written block holds what this runner's start-up and earlier points "
+             "left"))
+    ],
     "smoke": [
         Point("fixed", "indomain", {}),
         Point("legacy hand-off", "badcase", {"block_handoff": "legacy"}),

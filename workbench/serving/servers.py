@@ -25,6 +25,7 @@ import httpx
 
 from ..config import ConfigError, is_loopback
 from ..knobs import connector as kv_connector
+from ..knobs import runner as knob_runner
 from ..knobs import spec as knob_spec
 from . import rundir
 
@@ -210,6 +211,9 @@ class ServerSpec:
             if self.nixl_progress_delay_us:
                 env[knob_spec.ENV_NIXL_PROGRESS_DELAY_US] = str(self.nixl_progress_delay_us)
         env.update(self.extra_env)
+        # last: Model Runner V2 on the CPU puts its Triton backend ahead of any PYTHONPATH
+        runner = {**knob_spec.defaults(), **self.restart_knobs}["runner"]
+        env.update(knob_runner.server_env(runner, self.device, {**os.environ, **env}))
         return env
 
 

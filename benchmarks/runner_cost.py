@@ -1,0 +1,173 @@
+"""What Model Runner V2 costs on the CPU against the V1 runner, side by side in one run.
+
+    .venv/bin/python benchmarks/runner_cost.py [--prompts 64] [--repeats 1] [--no-docs]
+
+For each runner (v1, then v2; ``--repeats`` alternates them again), on fresh servers:
+
+* start: P, D and the baseline from nothing to healthy;
+* run: ``--prompts`` in-domain prompts, 32 in flight, baseline and PD (the default sweep's
+  shape), wall time;
+* PD phase: the same run again with its baseline cached, so its busy time is P and D alone,
+  and each role's interpreted Triton kernels over it (``knobs/triton_cpu/profile.py``:
+  launches and seconds per kernel, summed in each server process);
+* step: 4 prompts one at a time; D's seconds per verify step (its leg's time over its drafts).
+
+Prints a line per measurement, the medians and the v2 / v1 ratios; writes
+``data/runners/cost.json``, ``data/runners/cost.png`` and the section between the markers in
+docs/performance.md (``--no-docs``: neither file nor page).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from workbench import paths
+from workbench.config import ExperimentConfig
+from workbench.experiment import Session
+from workbench.inputs import profiles
+from workbench.knobs.triton_cpu import profile as triton_profile
+from workbench.provenance import atomic_write_json
+
+OUT = paths.REPO / "data" / "runners"
+DOC = paths.REPO / "docs" / "performance.md"
+BEGIN, END = "<!-- runner-cost:begin -->", "<!-- runner-cost:end -->"
+RUNNERS = ("v1", "v2")
+
+
+def measure(runner: str, prompts: int) -> dict:
+    """One fresh start of the three servers on ``runner`` and the three measurements."""
+    prof_dir = Path(tempfile.mkdtemp(prefix="workbench-triton-profile-"))
+    cpu = profiles.PROFILES["cpu"]
+    profiles.PROFILES["cpu"] = replace(cpu, server_env={**cpu.server_env,
+                                                        triton_profile.ENV: str(prof_dir)})
+    cfg = ExperimentConfig(num_prompts=prompts, knobs={"runner": runner})
+    try:
+        with Session(baseline_cache=prof_dir / "baselines") as s:
+            t = time.monotonic()
+            s.ensure(cfg)
+            out = {"start_s": time.monotonic() - t}
+            out["run_s"] = s.run(cfg).wall_seconds
+            before = _settled(prof_dir)
+            pd_run = s.run(cfg)
+            out["pd_phase_s"] = pd_run.engine_seconds
+            out["kernels"] = _delta(_settled(prof_dir), before)
+            out["step_s"] = step_seconds(s.run(replace(cfg, num_prompts=4, concurrency=1)))
+            out["agreement"] = pd_run.token_agreement
+            out["runner_read_back"] = pd_run.runner
+    finally:
+        profiles.PROFILES["cpu"] = cpu
+    return out
+
+
+def _settled(prof_dir: Path) -> dict:
+    time.sleep(2.5)  # the profile files are written every second
+    return triton_profile.read(prof_dir)
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {role: {k: {"launches": v["launches"] - before.get(role, {}).get(k, {}).get(
+        "launches", 0), "seconds": v["seconds"] - before.get(role, {}).get(k, {}).get(
+        "seconds", 0.0)} for k, v in kernels.items()} for role, kernels in after.items()}
+
+
+def step_seconds(result) -> float:
+    """D's leg time over its verify steps, one request at a time."""
+    rows = result.requests
+    return sum(r["d_seconds"] for r in rows) / sum(r["pd"]["num_drafts"] for r in rows)
+
+
+def interpreted_share(m: dict, role: str) -> float:
+    return sum(k["seconds"] for k in m["kernels"].get(role, {}).values()) / m["pd_phase_s"]
+
+
+def summary(rows: dict[str, list[dict]]) -> dict:
+    keys = ("start_s", "run_s", "pd_phase_s", "step_s")
+    med = {r: {k: statistics.median(m[k] for m in rows[r]) for k in keys} for r in RUNNERS}
+    for r in RUNNERS:
+        med[r]["d_interpreted_share"] = statistics.median(
+            interpreted_share(m, "d") for m in rows[r])
+    ratio = {k: med["v2"][k] / med["v1"][k] for k in keys}
+    top = sorted(rows["v2"][-1]["kernels"].get("d", {}).items(),
+                 key=lambda kv: -kv[1]["seconds"])
+    return {"median": med, "ratio_v2_over_v1": ratio, "repeats": len(rows["v1"]),
+            "d_kernels_v2": [{"kernel": k, **v, "share_of_pd_phase":
+                              v["seconds"] / rows["v2"][-1]["pd_phase_s"]} for k, v in top]}
+
+
+def figure(s: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    keys = ("start_s", "run_s", "pd_phase_s")
+    x = range(len(keys))
+    for i, r in enumerate(RUNNERS):
+        a.bar([j + 0.4 * i for j in x], [s["median"][r][k] for k in keys], 0.4, label=r)
+    a.set_xticks([j + 0.2 for j in x], ["server start", "64-prompt run", "PD phase"])
+    a.set_ylabel("seconds (median)")
+    a.legend(title="runner")
+    a.set_title("V1 runner and Model Runner V2 on the CPU")
+    top = s["d_kernels_v2"][:10]
+    b.barh([t["kernel"].split(":")[-1] for t in top][::-1],
+           [t["share_of_pd_phase"] for t in top][::-1])
+    b.set_xlabel("share of the PD phase in D's worker")
+    b.set_title("MRV2: D's interpreted Triton kernels")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def table(s: dict) -> str:
+    m, q = s["median"], s["ratio_v2_over_v1"]
+    rows = [("server start (P, D, baseline)", "start_s"), ("64-prompt run", "run_s"),
+            ("PD phase (baseline cached)", "pd_phase_s"), ("D, one verify step", "step_s")]
+    lines = ["| | v1 | v2 | v2 / v1 |", "|---|---|---|---|"]
+    lines += [f"| {name} | {m['v1'][k]:.3g} s | {m['v2'][k]:.3g} s | {q[k]:.2f} |"
+              for name, k in rows]
+    lines.append(f"| D's worker in interpreted kernels | {m['v1']['d_interpreted_share']:.0%} | "
+                 f"{m['v2']['d_interpreted_share']:.0%} | |")
+    top = ", ".join(f"`{t['kernel'].split(':')[-1]}` {t['share_of_pd_phase']:.0%} "
+                    f"({t['launches']} launches)" for t in s["d_kernels_v2"][:5])
+    return "\n".join([*lines, "", f"Medians of {s['repeats']} start(s) per runner. D's "
+                      f"hottest interpreted kernels on v2, as shares of the PD phase: {top}."])
+
+
+def write_doc(s: dict) -> None:
+    text = DOC.read_text()
+    head, rest = text.split(BEGIN, 1)
+    DOC.write_text(f"{head}{BEGIN}\n{table(s)}\n{END}{rest.split(END, 1)[1]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--no-docs", action="store_true")
+    args = ap.parse_args()
+    rows: dict[str, list[dict]] = {r: [] for r in RUNNERS}
+    for i in range(args.repeats):
+        for r in RUNNERS:
+            m = measure(r, args.prompts)
+            rows[r].append(m)
+            print(f"{r} #{i}: start {m['start_s']:.1f} s, run {m['run_s']:.1f} s, PD phase "
+                  f"{m['pd_phase_s']:.1f} s, D step {m['step_s'] * 1e3:.1f} ms, D interpreted "
+                  f"{interpreted_share(m, 'd'):.0%}, agreement {m['agreement']}, runner "
+                  f"{m['runner_read_back']}", flush=True)
+    s = summary(rows)
+    print(table(s))
+    if not args.no_docs:
+        OUT.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(OUT / "cost.json", {"summary": s, "runs": rows}, indent=1)
+        figure(s, OUT / "cost.png")
+        write_doc(s)
+        print(f"wrote {OUT / 'cost.json'}, {OUT / 'cost.png'} and {DOC}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Model Runner V2 live on the CPU (knob ``runner=v2``: Triton's interpreter runs its kernels),
+on the shared Session: the runner every worker built, PD's parity with an MRV2 baseline
+(tokens, per-request counts, the KV probe), and the legacy hand-off still breaking the bad
+case. A change of runner restarts all three servers: these tests run last of all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from conftest import alive, tree_pids
+
+pytestmark = [pytest.mark.vllm, pytest.mark.restart, pytest.mark.runner]
+
+MRV2_CLASS = "vllm.v1.worker.cpu.model_runner:CPUModelRunner"
+
+
+@pytest.fixture(scope="module")
+def v2(pd_session, base_cfg):
+    """8 prompts at 8 in flight on MRV2 with the KV probe, then the legacy hand-off on the
+    bad case; the servers before the change of runner."""
+    pd_session.ensure(base_cfg)
+    before = {r: tree_pids(s) for r, s in pd_session.servers.items()}
+    cfg = replace(base_cfg, num_prompts=8, max_tokens=32, concurrency=8, kv_probe=True,
+                  knobs={**base_cfg.knobs, "runner": "v2"})
+    fixed = pd_session.run(cfg)
+    legacy = pd_session.run(replace(cfg, prompt_set="badcase", kv_probe=False, knobs={
+        **cfg.knobs, "block_handoff": "legacy"}))
+    return before, fixed, legacy
+
+
+def test_every_worker_built_model_runner_v2(v2):
+    r = v2[1]
+    assert r.runner == {"p": "v2", "d": "v2", "baseline": "v2"} and r.model_runner == "v2"
+    for role in ("p", "d", "baseline"):
+        ev = r.knobs["detail"][role]["components"]["worker"]["events"]["runner"]
+        assert ev["model_runner_class"] == MRV2_CLASS and ev["triton_interpret"] == "1"
+
+
+def test_a_change_of_runner_restarts_every_server_the_baseline_too(v2, pd_session):
+    before = v2[0]
+    for role, pids in before.items():
+        assert not alive(pids), f"the V1 {role} server is left running"
+        assert not tree_pids(pd_session.servers[role]) & pids
+
+
+def test_every_fix_in_place_d_equals_the_mrv2_baseline_request_by_request(v2):
+    r = v2[1]
+    assert r.token_agreement == 1.0
+    for q in r.requests:
+        assert q["pd"]["accepted_per_pos"] == q["baseline"]["accepted_per_pos"], q["id"]
+        pr = q["kv_probe"]
+        assert pr["vs_p"]["identical"], (q["id"], pr["vs_p"]["first_differing"])
+        assert "drafter" in pr["layers"].values()  # MRV2's speculator layers are told apart
+
+
+def test_the_legacy_hand_off_still_breaks_the_bad_case_on_mrv2(v2):
+    r = v2[2]
+    assert r.runner == {"p": "v2", "d": "v2", "baseline": "v2"}
+    assert r.knobs["p"]["block_handoff"] == "legacy"
+    affected = [q for q in r.requests if q["affected"]]
+    assert affected and r.token_agreement < 1.0
+    assert all(q["agree"] for q in r.requests if not q["affected"])
