@@ -9,7 +9,7 @@ STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases check check-devbuild connectors check-connectors fuzz fuzz-power history
+.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases check check-devbuild connectors check-connectors check-runners runner-cost runner-handoff fuzz fuzz-power history
 
 setup: $(STAMP)
 
@@ -92,6 +92,21 @@ check-connectors: setup
 	    --log-dir data/connectors/check-$$c/logs || test $$? -eq 1; \
 	done
 	$(PY) -m workbench.findings.connector_table $(addprefix data/connectors/check-,$(CHECK_CONNECTORS))
+
+# `check` on Model Runner V2 (docs/runners.md; Triton's interpreter runs its kernels), then the
+# runner x finding table in docs/check.md beside the committed V1 check (NIXL pull).
+check-runners: setup
+	$(PY) -m workbench check --runner v2 --out data/runners/check-v2 \
+	  --log-dir data/runners/check-v2/logs || test $$? -eq 1
+	$(PY) -m workbench.findings.connector_table --by runner data/connectors/check-nixl \
+	  data/runners/check-v2
+
+# What Model Runner V2 costs on the CPU against the V1 runner (docs/performance.md), and the
+# legacy hand-off on fresh servers of each runner (docs/findings.md). Run each alone.
+runner-cost: setup
+	$(PY) benchmarks/runner_cost.py
+runner-handoff: setup
+	$(PY) scripts/runner_handoff.py
 
 # Search generated scheduling scenarios for differences between PD and the baseline that no
 # known finding explains (docs/fuzz.md): FUZZ_OUT/summary.md, trials.jsonl and failures/<hash>/

@@ -13,13 +13,15 @@ For each runner (v1, then v2; ``--repeats`` alternates them again), on fresh ser
 * step: 4 prompts one at a time; D's seconds per verify step (its leg's time over its drafts).
 
 Prints a line per measurement, the medians and the v2 / v1 ratios; writes
-``data/runners/cost.json``, ``data/runners/cost.png`` and the section between the markers in
-docs/performance.md (``--no-docs``: neither file nor page).
+``data/runners/cost.json``, ``data/runners/cost.png``, the table between the markers in
+docs/performance.md and the ratio line between the README's (``--no-docs``: none of them;
+``--docs-only``: the pages again from the committed ``cost.json``, running nothing).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -35,6 +37,7 @@ from workbench.provenance import atomic_write_json
 
 OUT = paths.REPO / "data" / "runners"
 DOC = paths.REPO / "docs" / "performance.md"
+README = paths.REPO / "README.md"
 BEGIN, END = "<!-- runner-cost:begin -->", "<!-- runner-cost:end -->"
 RUNNERS = ("v1", "v2")
 
@@ -138,10 +141,22 @@ def table(s: dict) -> str:
                       f"hottest interpreted kernels on v2, as shares of the PD phase: {top}."])
 
 
-def write_doc(s: dict) -> None:
-    text = DOC.read_text()
-    head, rest = text.split(BEGIN, 1)
-    DOC.write_text(f"{head}{BEGIN}\n{table(s)}\n{END}{rest.split(END, 1)[1]}")
+def readme_line(s: dict) -> str:
+    q = s["ratio_v2_over_v1"]
+    return (f"On the CPU, `runner=v2` took {q['run_s']:.1f}x the V1 runner's time for a "
+            f"64-prompt run and {q['step_s']:.1f}x for one decode step on D "
+            f"(`benchmarks/runner_cost.py`), so `v1` stays the CPU's default.")
+
+
+def write_between(path: Path, text: str) -> None:
+    page = path.read_text()
+    head, rest = page.split(BEGIN, 1)
+    path.write_text(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
+
+
+def write_docs(s: dict) -> None:
+    write_between(DOC, table(s))
+    write_between(README, readme_line(s))
 
 
 def main() -> None:
@@ -149,7 +164,11 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--no-docs", action="store_true")
+    ap.add_argument("--docs-only", action="store_true")
     args = ap.parse_args()
+    if args.docs_only:
+        write_docs(json.loads((OUT / "cost.json").read_text())["summary"])
+        return
     rows: dict[str, list[dict]] = {r: [] for r in RUNNERS}
     for i in range(args.repeats):
         for r in RUNNERS:
@@ -165,8 +184,8 @@ def main() -> None:
         OUT.mkdir(parents=True, exist_ok=True)
         atomic_write_json(OUT / "cost.json", {"summary": s, "runs": rows}, indent=1)
         figure(s, OUT / "cost.png")
-        write_doc(s)
-        print(f"wrote {OUT / 'cost.json'}, {OUT / 'cost.png'} and {DOC}")
+        write_docs(s)
+        print(f"wrote {OUT / 'cost.json'}, {OUT / 'cost.png'}, {DOC} and {README}")
 
 
 if __name__ == "__main__":

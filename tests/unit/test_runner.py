@@ -144,3 +144,96 @@ def test_result_and_readout_name_each_roles_runner():
     line = readout.runner_line(by_role)
     assert line.strip() == "runner: p v2, d v2, baseline v2 (read back from the workers)"
     assert runner_by_role({"p": {}, "d": None}) is None
+
+
+# --------------------------------------------- the runner through profiles, check, fuzz --
+
+def test_each_profile_starts_from_the_runner_vllm_runs_there_and_a_knob_wins():
+    from workbench.config import ExperimentConfig
+
+    assert ExperimentConfig.for_profile("cpu").knobs["runner"] == "v1"
+    gpu = ExperimentConfig.for_profile("gpu", require_models=False)
+    assert gpu.knobs["runner"] == "v2"  # vLLM's default wherever Triton is
+    v1 = ExperimentConfig.for_profile("gpu", require_models=False, knobs={"runner": "v1"})
+    assert v1.knobs["runner"] == "v1" and v1.knobs["connector"] == "nixl"
+
+
+def test_the_baseline_cache_never_hands_an_mrv2_run_a_v1_baseline(tmp_path):
+    from dataclasses import replace
+
+    from workbench.config import ExperimentConfig
+    from workbench.measuring.baseline_cache import BaselineCache
+
+    cache, cfg, ids = BaselineCache(tmp_path), ExperimentConfig(), [[1, 2, 3]]
+    v2 = replace(cfg, knobs={**cfg.knobs, "runner": "v2"})
+    assert cache.path(cfg, ids) != cache.path(v2, ids)
+
+
+def test_check_runs_every_finding_on_the_runner_asked_for_and_judges_it_by_its_own(tmp_path):
+    from workbench.config import ConfigError
+    from workbench.findings import check
+
+    order, _, _ = check.plan(check.select(None), check.check_base("cpu", "nixl", "v2"), False)
+    assert order and all(cfg.knobs["runner"] == "v2" for _, cfg in order)
+    assert check.check_base("cpu", "nixl", None)["knobs"]["runner"] == "v1"
+    with pytest.raises(ConfigError, match="--runner: knob runner='v3' is not allowed"):
+        check.check_base("cpu", "nixl", "v3")
+    f = tmp_path / "e.json"
+    f.write_text(json.dumps({"findings": {"a": "present"}, "optional": ["b"],
+                             "runners": {"v2": {"findings": {"a": "absent"}}}}))
+    assert check.expectations(f, "x", "nixl", "v1")[1]["findings"] == {"a": "present"}
+    assert check.expectations(f, "x", "nixl", "v2")[1] == {"optional": ["b"],
+                                                          "findings": {"a": "absent"}}
+
+
+def test_the_runner_table_tells_checks_apart_by_runner(tmp_path):
+    from workbench.findings import connector_table
+
+    for name, doc in (("old", {}), ("new", {"runner": "v2"})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "check.json").write_text(json.dumps({
+            **doc, "command": "c", "created": "t", "build": {"version": "0.32.0"}, "ok": True,
+            "findings": [{"id": "padded-load-step", "verdict": "present",
+                          "expected": "present", "seconds": 1.0, "evidence": {}}]}))
+    docs = connector_table.load([tmp_path / "old", tmp_path / "new"], by="runner")
+    assert list(docs) == ["v1", "v2"]  # a check from before the field ran the V1 runner
+    page = tmp_path / "check.md"
+    page.write_text("# Check\n")
+    connector_table.write_into(page, connector_table.markdown(docs), by="runner")
+    assert "<!-- check-runners: begin -->" in page.read_text()
+    assert connector_table.BEGIN not in page.read_text()
+
+
+def test_fuzz_shapes_vary_the_runner_and_old_cases_keep_their_hash():
+    from workbench.config import ConfigError
+    from workbench.fuzz.space import Space
+
+    shapes = Space(runner=("v1", "v2")).shapes(0)
+    assert "runner" not in shapes[0]  # the V1 runner: as recorded before the field existed
+    assert {s.get("runner", "v1") for s in shapes} == {"v1", "v2"}
+    with pytest.raises(ConfigError, match="runner"):
+        Space(knobs={"runner": "v2"})
+    with pytest.raises(ConfigError, match="allowed: v1, v2"):
+        Space(runner=("v3",))
+
+
+def test_the_runners_grid_runs_each_runner_once_v1_first():
+    from workbench.notebook import sweep
+
+    runners = [p.knobs["runner"] for p in sweep.grid_points("runners")]
+    assert runners == sorted(runners) and set(runners) == {"v1", "v2"}
+
+
+def test_a_report_on_mrv2_names_the_runner_and_its_script_finds_the_backend():
+    from workbench.config import ExperimentConfig
+    from workbench.findings import report
+
+    cfg = ExperimentConfig.for_profile("cpu", knobs={"runner": "v2"})
+    assert report.runner_flag(cfg) == " --runner v2"
+    assert report.runner_flag(ExperimentConfig.for_profile("cpu")) == ""
+    for s in report.servers(cfg):
+        assert s["env"]["PYTHONPATH"] == "{triton_cpu}"  # no path of this machine
+        assert s["env"]["VLLM_USE_V2_MODEL_RUNNER"] == s["env"]["TRITON_INTERPRET"] == "1"
+    assert report.plugin_env(cfg) == {}  # vLLM's own variable: no plugin needed for it
+    line = report.runner_line({"p": "v2", "d": "v2", "baseline": "v2"})[0]
+    assert "Model Runner V2" in line and "interpreter" in line

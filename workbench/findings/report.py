@@ -36,12 +36,25 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def environment(build, device: str) -> list[str]:
+def environment(build, device: str, runner: dict | None = None) -> list[str]:
     return [f"- vLLM {build.version} (commit {build.commit or 'not recorded in the build'}; "
             f"workbench table entry {build.table_entry}, {build.source})",
             f"- torch {_version('torch')}, NIXL {_version('nixl')}, Python "
             f"{platform.python_version()}, {platform.platform()}",
-            f"- device: {device} ({platform.processor() or platform.machine()})"]
+            f"- device: {device} ({platform.processor() or platform.machine()})",
+            *runner_line(runner)]
+
+
+def runner_line(runner: dict | None) -> list[str]:
+    """The model runner each server's workers built (the knob ``runner``, read back)."""
+    if not runner:
+        return []
+    names = {"v1": "the V1 model runner", "v2": "Model Runner V2"}
+    kinds = sorted(set(runner.values()))
+    said = " and ".join(names.get(k, k) for k in kinds)
+    return [f"- model runner: {said} (read back from P, D and the baseline)"
+            + ("; on the CPU its Triton kernels ran in Triton's interpreter" if "v2" in kinds
+               else "")]
 
 
 def plugin_knobs(cfg: ExperimentConfig) -> dict[str, str]:
@@ -76,7 +89,9 @@ def servers(cfg: ExperimentConfig) -> list[dict]:
     models = {str(cfg.target): "{target}", str(cfg.drafter): "{drafter}",
               str(kv_connector.storage_dir("repro-logs")): "{storage}"}
     per_machine = {"VLLM_NIXL_SIDE_CHANNEL_PORT": "{side_channel_port}",
-                   "VLLM_CPU_OMP_THREADS_BIND": "{cpus}"}
+                   "VLLM_CPU_OMP_THREADS_BIND": "{cpus}",
+                   # Model Runner V2 on the CPU: the workbench's Triton backend, found at start
+                   "PYTHONPATH": "{triton_cpu}"}
     out = []
     for s in server_specs(cfg, "repro-logs"):
         argv = ["python", *(replaced(a, models) for a in s.command()[1:])]
@@ -189,7 +204,7 @@ def page(f: Finding, o, build, result: dict, command: str, fig: str | None) -> s
         f"# {f.title}", "",
         f"Found with the PD + EAGLE3 acceptance workbench (finding `{f.id}`, first seen on vLLM "
         f"{f.found_on}).", *since_line(f), "", "## Environment",
-        *environment(build, cfg.profile), "",
+        *environment(build, cfg.profile, result.get("runner")), "",
         "## Where in vLLM", f.where, "",
         "## Observed (this run) against expected", f"Verdict: **{o.verdict}** (expected "
         f"{o.expected}); controls: {controls}.", "", "Evidence: `" + json.dumps(o.evidence) + "`",
@@ -204,7 +219,8 @@ def page(f: Finding, o, build, result: dict, command: str, fig: str | None) -> s
               *[f"- {s}" for s in f.measured], "", "Inferred from source:",
               *[f"- {s}" for s in f.inferred or ("nothing beyond the location above",)], "",
               "## Reproduce", "With the workbench:", "```",
-              f"python -m workbench check --only {f.id}{connector_flag(cfg)} --out DIR", "```",
+              f"python -m workbench check --only {f.id}{connector_flag(cfg)}{runner_flag(cfg)} "
+              "--out DIR", "```",
               f"(this report came from `{command}`)", "",
               *reproduce(f, cfg)]
     if fix is not None and fix.is_file():
@@ -223,6 +239,12 @@ def connector_flag(cfg: ExperimentConfig) -> str:
     """`` --connector NAME`` where the run's KV connector is not the default one."""
     name = kv_connector.of(cfg.knobs).name
     return "" if name == kv_connector.DEFAULT else f" --connector {name}"
+
+
+def runner_flag(cfg: ExperimentConfig) -> str:
+    """`` --runner NAME`` where the run's model runner is not its profile's."""
+    runner = cfg.knobs.get("runner")
+    return "" if runner == profiles.get(cfg.profile).runner else f" --runner {runner}"
 
 
 def reproduce(f: Finding, cfg: ExperimentConfig) -> list[str]:

@@ -73,7 +73,7 @@ class Scenario:
         s = self.shape
         budget = {r: v for r, v in (("p", s["budget_p"]), ("d", s["budget_d"])) if v}
         knobs = {**base.knobs, **self.knobs, "transfer": s["transfer"],
-                 "connector": s["connector"]}
+                 "connector": s["connector"], "runner": s.get("runner", "v1")}
         return replace(base, k_p=s["k_p"], k_d=s["k_d"], block_size=s["block_size"],
                        kv_cache_bytes=s["kv_cache_mib"] * MIB,
                        padded_drafter_batch=s["padded_drafter_batch"],

@@ -20,7 +20,7 @@ from ..knobs import spec as knob_spec
 
 MIB = 2**20
 SHAPE_FIELDS = ("budget_p", "budget_d", "k_p", "k_d", "block_size", "kv_cache_mib",
-                "padded_drafter_batch", "transfer", "connector")
+                "padded_drafter_batch", "transfer", "connector", "runner")
 ARRIVALS = ("together", "staggered", "burst")
 ABORTS = ("none", "after-p", "during-d")
 ORDERS = ("baseline-first", "pd-first")
@@ -41,6 +41,7 @@ class Space:
     padded_drafter_batch: tuple = (True, False)
     transfer: tuple = ("direct", "host-staged")
     connector: tuple = ("nixl",)
+    runner: tuple = ("v1",)  # the model runner (docs/runners.md); "v2" is slower on the CPU
     knobs: dict = field(default_factory=dict)  # fixed knob values on every shape
     max_requests: int = 6
     max_prompt_len: int = 300
@@ -57,7 +58,7 @@ class Space:
     def shapes(self, seed: int) -> list[dict[str, Any]]:
         """Every combination of the server fields, the default first, the rest in a seeded
         order (a 20-minute run visits the first few)."""
-        combos = [dict(zip(SHAPE_FIELDS, c, strict=True))
+        combos = [_shape(dict(zip(SHAPE_FIELDS, c, strict=True)))
                   for c in itertools.product(*(getattr(self, f) for f in SHAPE_FIELDS))]
         rest = combos[1:]
         random.Random(seed).shuffle(rest)
@@ -89,7 +90,16 @@ class Space:
                 for f in fields(self) for v in [getattr(self, f.name)]}
 
 
+def _shape(shape: dict[str, Any]) -> dict[str, Any]:
+    """A shape as cases record it: ``runner`` only when it is not the V1 runner, so cases
+    recorded before the field existed keep their hash."""
+    if shape.get("runner") == "v1":
+        del shape["runner"]
+    return shape
+
+
 ALLOWED: dict[str, tuple] = {
+    "runner": knob_spec.KNOBS["runner"].values,
     "transfer": knob_spec.KNOBS["transfer"].values,
     "connector": ("nixl", "nixl-push", "example", "multi"),
     "padded_drafter_batch": (True, False),
@@ -116,7 +126,7 @@ def check(s: Space) -> None:
         knob_spec.validate(dict(s.knobs))
     except ValueError as e:
         raise ConfigError(f"space field knobs: {e}") from None
-    owned = sorted(set(s.knobs) & {"transfer", "connector", "kv_probe"})
+    owned = sorted(set(s.knobs) & {"transfer", "connector", "runner", "kv_probe"})
     if owned:
         raise ConfigError(f"space field knobs: {owned} are shape fields (or the oracle's "
                           "probe); list their values in the field of that name")
