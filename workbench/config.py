@@ -162,11 +162,10 @@ class ExperimentConfig:
         if prof.default_target:
             data["target"] = prof.default_target
             data["drafter"] = prof.default_drafter
-        knobs = overrides.pop("knobs", None)
+        knobs = overrides.pop("knobs", {})
         data.update(overrides)
-        data["knobs"] = {"runner": prof.runner, **(knobs if isinstance(knobs, dict) else {})}
-        if knobs is not None and not isinstance(knobs, dict):
-            data["knobs"] = knobs  # validate() names what is wrong with it
+        # a knobs value that is no object reaches validate(), which names what is wrong
+        data["knobs"] = {"runner": prof.runner, **knobs} if isinstance(knobs, dict) else knobs
         return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
