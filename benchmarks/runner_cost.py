@@ -2,20 +2,23 @@
 
     .venv/bin/python benchmarks/runner_cost.py [--prompts 64] [--repeats 1] [--no-docs]
 
-For each runner (v1, then v2; ``--repeats`` alternates them again), on fresh servers:
+For each variant (``v1``; ``v2``, every kernel in Triton's interpreter; ``v2+standins``, the
+hottest kernels on their stand-ins, ``knobs/triton_cpu/standins.py``), one after the other
+(``--repeats`` alternates them again), on fresh servers:
 
 * start: P, D and the baseline from nothing to healthy;
 * run: ``--prompts`` in-domain prompts, 32 in flight, baseline and PD (the default sweep's
   shape), wall time;
 * PD phase: the same run again with its baseline cached, so its busy time is P and D alone,
   and each role's interpreted Triton kernels over it (``knobs/triton_cpu/profile.py``:
-  launches and seconds per kernel, summed in each server process);
+  launches and seconds per kernel, summed in each server process, stand-in launches included);
 * step: 4 prompts one at a time; D's seconds per verify step (its leg's time over its drafts).
 
-Prints a line per measurement, the medians and the v2 / v1 ratios; writes
+Prints a line per measurement, the medians and each v2 variant's ratio to v1; writes
 ``data/runners/cost.json``, ``data/runners/cost.png``, the table between the markers in
 docs/performance.md and the ratio line between the README's (``--no-docs``: none of them;
-``--docs-only``: the pages again from the committed ``cost.json``, running nothing).
+``--docs-only``: the figure and the pages again from the committed ``cost.json``,
+running nothing).
 """
 
 from __future__ import annotations
@@ -33,21 +36,23 @@ from workbench.config import ExperimentConfig
 from workbench.experiment import Session
 from workbench.inputs import profiles
 from workbench.knobs.triton_cpu import profile as triton_profile
+from workbench.knobs.triton_cpu import standins
 from workbench.provenance import atomic_write_json
 
 OUT = paths.REPO / "data" / "runners"
 DOC = paths.REPO / "docs" / "performance.md"
 README = paths.REPO / "README.md"
 BEGIN, END = "<!-- runner-cost:begin -->", "<!-- runner-cost:end -->"
-RUNNERS = ("v1", "v2")
+VARIANTS = {"v1": ("v1", "off"), "v2": ("v2", "off"), "v2+standins": ("v2", "on")}
 
 
-def measure(runner: str, prompts: int) -> dict:
-    """One fresh start of the three servers on ``runner`` and the three measurements."""
+def measure(variant: str, prompts: int) -> dict:
+    """One fresh start of the three servers for ``variant`` and the three measurements."""
+    runner, mode = VARIANTS[variant]
     prof_dir = Path(tempfile.mkdtemp(prefix="workbench-triton-profile-"))
     cpu = profiles.PROFILES["cpu"]
-    profiles.PROFILES["cpu"] = replace(cpu, server_env={**cpu.server_env,
-                                                        triton_profile.ENV: str(prof_dir)})
+    profiles.PROFILES["cpu"] = replace(cpu, server_env={
+        **cpu.server_env, triton_profile.ENV: str(prof_dir), standins.ENV: mode})
     cfg = ExperimentConfig(num_prompts=prompts, knobs={"runner": runner})
     try:
         with Session(baseline_cache=prof_dir / "baselines") as s:
@@ -73,9 +78,9 @@ def _settled(prof_dir: Path) -> dict:
 
 
 def _delta(after: dict, before: dict) -> dict:
-    return {role: {k: {"launches": v["launches"] - before.get(role, {}).get(k, {}).get(
-        "launches", 0), "seconds": v["seconds"] - before.get(role, {}).get(k, {}).get(
-        "seconds", 0.0)} for k, v in kernels.items()} for role, kernels in after.items()}
+    return {role: {k: {key: n - before.get(role, {}).get(k, {}).get(key, 0)
+                       for key, n in v.items()} for k, v in kernels.items()}
+            for role, kernels in after.items()}
 
 
 def step_seconds(result) -> float:
@@ -90,16 +95,21 @@ def interpreted_share(m: dict, role: str) -> float:
 
 def summary(rows: dict[str, list[dict]]) -> dict:
     keys = ("start_s", "run_s", "pd_phase_s", "step_s")
-    med = {r: {k: statistics.median(m[k] for m in rows[r]) for k in keys} for r in RUNNERS}
-    for r in RUNNERS:
+    med = {r: {k: statistics.median(m[k] for m in rows[r]) for k in keys} for r in rows}
+    for r in rows:
         med[r]["d_interpreted_share"] = statistics.median(
             interpreted_share(m, "d") for m in rows[r])
-    ratio = {k: med["v2"][k] / med["v1"][k] for k in keys}
-    top = sorted(rows["v2"][-1]["kernels"].get("d", {}).items(),
-                 key=lambda kv: -kv[1]["seconds"])
-    return {"median": med, "ratio_v2_over_v1": ratio, "repeats": len(rows["v1"]),
-            "d_kernels_v2": [{"kernel": k, **v, "share_of_pd_phase":
-                              v["seconds"] / rows["v2"][-1]["pd_phase_s"]} for k, v in top]}
+    return {"median": med, "repeats": len(rows["v1"]),
+            **{f"ratio_{v.replace('+', '_')}_over_v1": {
+                k: med[v][k] / med["v1"][k] for k in keys} for v in rows if v != "v1"},
+            **{f"d_kernels_{v.replace('+', '_')}": top_kernels(rows[v][-1])
+               for v in rows if v != "v1"}}
+
+
+def top_kernels(m: dict) -> list[dict]:
+    top = sorted(m["kernels"].get("d", {}).items(), key=lambda kv: -kv[1]["seconds"])
+    return [{"kernel": k, **v, "share_of_pd_phase": v["seconds"] / m["pd_phase_s"]}
+            for k, v in top]
 
 
 def figure(s: dict, path: Path) -> None:
@@ -108,43 +118,66 @@ def figure(s: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     keys = ("start_s", "run_s", "pd_phase_s")
-    x = range(len(keys))
-    for i, r in enumerate(RUNNERS):
-        a.bar([j + 0.4 * i for j in x], [s["median"][r][k] for k in keys], 0.4, label=r)
-    a.set_xticks([j + 0.2 for j in x], ["server start", "64-prompt run", "PD phase"])
+    width = 0.8 / len(VARIANTS)
+    colour = {v: f"C{i}" for i, v in enumerate(VARIANTS)}
+    for i, v in enumerate(VARIANTS):
+        a.bar([j + width * i for j in range(len(keys))], [s["median"][v][k] for k in keys],
+              width, label=v, color=colour[v])
+    a.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))],
+                 ["server start", "64-prompt run", "PD phase"])
     a.set_ylabel("seconds (median)")
     a.legend(title="runner")
     a.set_title("V1 runner and Model Runner V2 on the CPU")
-    top = s["d_kernels_v2"][:10]
-    b.barh([t["kernel"].split(":")[-1] for t in top][::-1],
-           [t["share_of_pd_phase"] for t in top][::-1])
-    b.set_xlabel("share of the PD phase in D's worker")
-    b.set_title("MRV2: D's interpreted Triton kernels")
+    names = [t["kernel"] for t in s["d_kernels_v2"][:10]][::-1]
+    for i, v in enumerate(v for v in VARIANTS if v != "v1"):
+        top = {t["kernel"]: t for t in s[f"d_kernels_{v.replace('+', '_')}"]}
+        b.barh([j + 0.4 * i for j in range(len(names))],
+               [top.get(n, {}).get("share_of_pd_phase", 0.0) for n in names], 0.4, label=v,
+               color=colour[v])
+    b.set_yticks([j + 0.2 for j in range(len(names))], [n.split(":")[-1] for n in names])
+    b.set_xlabel("share of each variant's own PD phase in D's worker")
+    b.set_title("MRV2: D's ten costliest Triton kernels")
+    b.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+ROWS = (("server start (P, D, baseline)", "start_s"), ("64-prompt run", "run_s"),
+        ("PD phase (baseline cached)", "pd_phase_s"), ("D, one verify step", "step_s"))
+
+
 def table(s: dict) -> str:
-    m, q = s["median"], s["ratio_v2_over_v1"]
-    rows = [("server start (P, D, baseline)", "start_s"), ("64-prompt run", "run_s"),
-            ("PD phase (baseline cached)", "pd_phase_s"), ("D, one verify step", "step_s")]
-    lines = ["| | v1 | v2 | v2 / v1 |", "|---|---|---|---|"]
-    lines += [f"| {name} | {m['v1'][k]:.3g} s | {m['v2'][k]:.3g} s | {q[k]:.2f} |"
-              for name, k in rows]
-    lines.append(f"| D's worker in interpreted kernels | {m['v1']['d_interpreted_share']:.0%} | "
-                 f"{m['v2']['d_interpreted_share']:.0%} | |")
-    top = ", ".join(f"`{t['kernel'].split(':')[-1]}` {t['share_of_pd_phase']:.0%} "
-                    f"({t['launches']} launches)" for t in s["d_kernels_v2"][:5])
-    return "\n".join([*lines, "", f"Medians of {s['repeats']} start(s) per runner. D's "
-                      f"hottest interpreted kernels on v2, as shares of the PD phase: {top}."])
+    m, q, r = s["median"], s["ratio_v2_over_v1"], s["ratio_v2_standins_over_v1"]
+    lines = ["| | v1 | v2 | v2 + stand-ins | v2 / v1 | v2 + stand-ins / v1 |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {m['v1'][k]:.3g} s | {m['v2'][k]:.3g} s | "
+              f"{m['v2+standins'][k]:.3g} s | {q[k]:.2f} | {r[k]:.2f} |" for name, k in ROWS]
+    lines.append(f"| D's worker in Triton launches | {m['v1']['d_interpreted_share']:.0%} | "
+                 f"{m['v2']['d_interpreted_share']:.0%} | "
+                 f"{m['v2+standins']['d_interpreted_share']:.0%} | | |")
+    return "\n".join([*lines, "", f"Medians of {s['repeats']} start(s) per variant, one "
+                      f"after the other in one run. {_kernels_line(s)}"])
+
+
+def _kernels_line(s: dict) -> str:
+    def top(key: str) -> str:
+        return ", ".join(f"`{t['kernel'].split(':')[-1]}` {t['share_of_pd_phase']:.0%}"
+                         for t in s[key][:5])
+
+    covered = [t for t in s["d_kernels_v2_standins"] if t.get("standin")]
+    return (f"D's costliest kernels as shares of the PD phase, interpreted: {top('d_kernels_v2')}; "
+            f"with the stand-ins: {top('d_kernels_v2_standins')}. On stand-ins: "
+            + ", ".join(f"`{t['kernel'].split(':')[-1]}` ({t['standin']} of {t['launches']} "
+                        "launches)" for t in covered) + ".")
 
 
 def readme_line(s: dict) -> str:
-    q = s["ratio_v2_over_v1"]
-    return (f"On the CPU, `runner=v2` took {q['run_s']:.1f}x the V1 runner's time for a "
-            f"64-prompt run and {q['step_s']:.1f}x for one decode step on D "
+    q, r = s["ratio_v2_over_v1"], s["ratio_v2_standins_over_v1"]
+    return (f"On the CPU, `runner=v2` took {r['run_s']:.1f}x the V1 runner's time for a "
+            f"64-prompt run with the kernel stand-ins ({q['run_s']:.1f}x with every kernel "
+            f"interpreted) and {r['step_s']:.1f}x for one decode step on D "
             f"(`benchmarks/runner_cost.py`), so `v1` stays the CPU's default.")
 
 
@@ -167,11 +200,13 @@ def main() -> None:
     ap.add_argument("--docs-only", action="store_true")
     args = ap.parse_args()
     if args.docs_only:
-        write_docs(json.loads((OUT / "cost.json").read_text())["summary"])
+        summary_ = json.loads((OUT / "cost.json").read_text())["summary"]
+        figure(summary_, OUT / "cost.png")
+        write_docs(summary_)
         return
-    rows: dict[str, list[dict]] = {r: [] for r in RUNNERS}
+    rows: dict[str, list[dict]] = {r: [] for r in VARIANTS}
     for i in range(args.repeats):
-        for r in RUNNERS:
+        for r in VARIANTS:
             m = measure(r, args.prompts)
             rows[r].append(m)
             print(f"{r} #{i}: start {m['start_s']:.1f} s, run {m['run_s']:.1f} s, PD phase "

@@ -405,3 +405,14 @@ def test_mrv2_defer_wrappers_on_the_installed_active_kv_connector_no_gpu(unpatch
         finalizing = {"wait_for_save", "clear_connector_metadata"}
         assert finalizing <= set(at_post) if eager else not finalizing & set(at_post)
         assert not finalizing & set(after) if eager else finalizing <= set(after)
+
+
+def test_each_triton_stand_in_mirrors_the_installed_kernel_text():
+    """A stand-in (``knobs/triton_cpu/kernels.py``) is used only for the kernel text it was
+    checked against; a vLLM whose kernel or helper text changed fails here first."""
+    from workbench.knobs.triton_cpu import kernels
+
+    for name, entry in kernels.STANDINS.items():
+        module, kernel = name.split(":")
+        fn = getattr(importlib.import_module(module), kernel)
+        assert kernels.source_sha256(getattr(fn, "fn", fn), entry.helpers) == entry.sha256, name

@@ -1,15 +1,20 @@
 """Model Runner V2 live on the CPU (knob ``runner=v2``: Triton's interpreter runs its kernels),
 on the shared Session: the runner every worker built, PD's parity with an MRV2 baseline
-(tokens, per-request counts, the KV probe), and the legacy hand-off still breaking the bad
-case. A change of runner restarts all three servers: these tests run last of all.
+(tokens, per-request counts, the KV probe), the legacy hand-off still breaking the bad case,
+and each kernel stand-in equal to the interpreter on every launch these runs make (the MRV2
+servers run with ``WORKBENCH_TRITON_STANDINS=verify``). A change of runner restarts all three
+servers: these tests run last of all.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
 from conftest import alive, tree_pids
+
+from workbench.knobs.triton_cpu import kernels, profile, standins
 
 pytestmark = [pytest.mark.vllm, pytest.mark.restart, pytest.mark.runner]
 
@@ -17,17 +22,22 @@ MRV2_CLASS = "vllm.v1.worker.cpu.model_runner:CPUModelRunner"
 
 
 @pytest.fixture(scope="module")
-def v2(pd_session, base_cfg):
+def v2(pd_session, base_cfg, tmp_path_factory):
     """8 prompts at 8 in flight on MRV2 with the KV probe, then the legacy hand-off on the
-    bad case; the servers before the change of runner."""
+    bad case; the servers before the change of runner; each role's stand-in counts."""
     pd_session.ensure(base_cfg)
     before = {r: tree_pids(s) for r, s in pd_session.servers.items()}
+    counts = tmp_path_factory.mktemp("triton-profile")
     cfg = replace(base_cfg, num_prompts=8, max_tokens=32, concurrency=8, kv_probe=True,
                   knobs={**base_cfg.knobs, "runner": "v2"})
-    fixed = pd_session.run(cfg)
-    legacy = pd_session.run(replace(cfg, prompt_set="badcase", kv_probe=False, knobs={
-        **cfg.knobs, "block_handoff": "legacy"}))
-    return before, fixed, legacy
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(standins.ENV, "verify")
+        mp.setenv(profile.ENV, str(counts))
+        fixed = pd_session.run(cfg)
+        legacy = pd_session.run(replace(cfg, prompt_set="badcase", kv_probe=False, knobs={
+            **cfg.knobs, "block_handoff": "legacy"}))
+    time.sleep(2.5)  # the counts are written every second
+    return before, fixed, legacy, profile.read(counts)
 
 
 def test_every_worker_built_model_runner_v2(v2):
@@ -62,3 +72,17 @@ def test_the_legacy_hand_off_still_breaks_the_bad_case_on_mrv2(v2):
     affected = [q for q in r.requests if q["affected"]]
     assert affected and r.token_agreement < 1.0
     assert all(q["agree"] for q in r.requests if not q["affected"])
+
+
+def test_every_stand_in_equals_the_interpreter_on_every_launch_of_these_runs(v2):
+    """Every launch a stand-in covered, in every role, compared equal byte for byte; D ran
+    every stand-in."""
+    counts = v2[3]
+    for role, kernels_of_role in counts.items():
+        for name in set(kernels_of_role) & set(kernels.STANDINS):
+            c = kernels_of_role[name]
+            assert not c.get("mismatched") and not c.get("source_changed"), (role, name, c)
+            assert c.get("compared", 0) + c.get("deferred", 0) == c["launches"], (role, name, c)
+    assert all(counts["d"][name].get("compared", 0) > 0 for name in kernels.STANDINS), counts["d"]
+    ev = v2[1].knobs["detail"]["d"]["components"]["worker"]["events"]["runner"]
+    assert ev["triton_standins"] == "verify"

@@ -34,6 +34,7 @@ from .component import log, refuse, resolve, start_component
 from .http_channel import METHOD, worker_method
 from .release import check_version, runner_kind
 from .triton_cpu import profile as triton_profile
+from .triton_cpu import standins as triton_standins
 
 # What register() patches to start the components (and the knob channel over HTTP).
 TARGETS = (
@@ -68,6 +69,8 @@ def register() -> None:
     global _installed
     if _installed:
         return
+    if standins_mode := triton_standins.requested():
+        triton_standins.install(standins_mode)  # before the profile, which then times it
     delay_us = nixl_progress.requested_delay_us()
     knobs_on = bool(os.environ.get(spec.ENV_CONTROL_FILE))
     observe_dir = os.environ.get(spec.ENV_OBSERVE_ONLY)

@@ -26,6 +26,7 @@ from typing import Any
 from . import spec, triton_cpu
 from .component import Component
 from .release import runner_kind
+from .triton_cpu import standins
 
 # What runner=v2 relies on: the environment variable decides before Triton does, and the
 # CPU worker builds MRV2's CPUModelRunner when it is on.
@@ -63,7 +64,8 @@ def apply(comp: Component, knobs: dict, seed: int) -> tuple[str, dict[str, Any]]
     mr = comp.obj.model_runner
     in_force = runner_kind(mr)
     events = {"model_runner_class": f"{type(mr).__module__}:{type(mr).__qualname__}",
-              "asked": requested(), "triton_interpret": os.environ.get("TRITON_INTERPRET")}
+              "asked": requested(), "triton_interpret": os.environ.get("TRITON_INTERPRET"),
+              "triton_standins": standins.requested()}
     if in_force != requested():
         raise RuntimeError(f"runner={requested()} was asked for, but the worker built "
                            f"{events['model_runner_class']} ({in_force}): see the server log "

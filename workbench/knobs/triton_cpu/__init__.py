@@ -27,8 +27,11 @@ NAME = "cpu"  # the name vLLM looks for in triton.backends.backends
 
 def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The variables that make a vLLM process see this backend and interpret every kernel:
-    ``ENTRY_POINT_DIR`` first on ``PYTHONPATH`` (ahead of ``base``'s or this process's own)
-    and ``TRITON_INTERPRET=1``."""
-    rest = (base or os.environ).get("PYTHONPATH", "")
-    path = os.pathsep.join(p for p in (str(ENTRY_POINT_DIR), rest) if p)
-    return {"PYTHONPATH": path, "TRITON_INTERPRET": "1"}
+    ``ENTRY_POINT_DIR`` first on ``PYTHONPATH`` (ahead of ``base``'s or this process's own),
+    ``TRITON_INTERPRET=1``, and the stand-ins' mode (``standins.py``), checked here, before
+    any server starts."""
+    from . import standins
+
+    base = os.environ if base is None else base
+    path = os.pathsep.join(p for p in (str(ENTRY_POINT_DIR), base.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "TRITON_INTERPRET": "1", standins.ENV: standins.mode(base)}

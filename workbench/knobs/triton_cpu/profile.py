@@ -5,7 +5,8 @@ With ``WORKBENCH_TRITON_PROFILE=<dir>`` the plugin wraps
 ``triton.runtime.interpreter.InterpretedFunction.run`` (the launch of ``kernel[grid](...)``
 under ``TRITON_INTERPRET=1``) in each server process, and a thread writes the totals to
 ``<dir>/triton-<role>-<pid>.json`` every second. The wrapper times the launch; it changes no
-argument and no result.
+argument and no result. The stand-ins (``standins.py``) count what they did into the same
+totals (``count``), so one file per process says what ran where.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 ENV = "WORKBENCH_TRITON_PROFILE"
-_totals: dict[str, list[float]] = {}  # kernel -> [launches, seconds]
+_totals: dict[str, dict[str, float]] = {}  # kernel -> {"launches": n, "seconds": s, ...}
 _lock = threading.Lock()
 
 
@@ -35,7 +36,7 @@ def install(out_dir: str, role: str) -> None:
         try:
             return orig(self, *args, grid=grid, warmup=warmup, **kwargs)
         finally:
-            _add(f"{self.fn.__module__}:{self.fn.__qualname__}", time.perf_counter() - t0)
+            _add(kernel_name(self.fn), time.perf_counter() - t0)
 
     InterpretedFunction.run = run
     path = Path(out_dir) / f"triton-{role}-{os.getpid()}.json"
@@ -43,11 +44,21 @@ def install(out_dir: str, role: str) -> None:
                      daemon=True).start()
 
 
+def kernel_name(fn) -> str:
+    """``module:qualname`` of a ``@triton.jit`` function, the key of every total."""
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
 def _add(kernel: str, seconds: float) -> None:
+    count(kernel, "launches")
+    count(kernel, "seconds", seconds)
+
+
+def count(kernel: str, key: str, n: float = 1) -> None:
+    """Add ``n`` to one of ``kernel``'s totals."""
     with _lock:
-        t = _totals.setdefault(kernel, [0, 0.0])
-        t[0] += 1
-        t[1] += seconds
+        t = _totals.setdefault(kernel, {})
+        t[key] = t.get(key, 0) + n
 
 
 def _writer(path: Path) -> None:
@@ -56,18 +67,19 @@ def _writer(path: Path) -> None:
     while True:
         time.sleep(1.0)
         with _lock:
-            doc = {k: {"launches": int(n), "seconds": s} for k, (n, s) in _totals.items()}
+            doc = {k: dict(v) for k, v in _totals.items()}
         if doc:
             atomic_write_json(path, doc, indent=None, sort_keys=True)
 
 
 def read(out_dir: str | Path) -> dict[str, dict[str, dict[str, float]]]:
-    """Per role, each kernel's launches and seconds summed over the role's processes."""
+    """Per role, each kernel's totals (launches, seconds, the stand-ins' counts) summed over
+    the role's processes."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for f in sorted(Path(out_dir).glob("triton-*-*.json")):
         role = f.name.split("-")[1]
         for k, v in json.loads(f.read_text()).items():
             t = out.setdefault(role, {}).setdefault(k, {"launches": 0, "seconds": 0.0})
-            t["launches"] += v["launches"]
-            t["seconds"] += v["seconds"]
+            for key, n in v.items():
+                t[key] = t.get(key, 0) + n
     return out
