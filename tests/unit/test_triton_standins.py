@@ -53,9 +53,9 @@ def test_verify_catches_a_stand_in_that_gets_one_element_wrong():
     assert launches("--broken")[SLOTS] == {"compared": 4, "mismatched": 4}
 
 
-def test_a_changed_kernel_text_goes_to_the_interpreter():
+def test_a_kernel_text_other_than_the_pinned_one_does_not_match():
     entry = kernels.Entry("m:k", kernels.block_table.slot_mappings, "0" * 64)
-    assert not entry.source_matches(test_a_changed_kernel_text_goes_to_the_interpreter)
+    assert not entry.source_matches(test_a_kernel_text_other_than_the_pinned_one_does_not_match)
 
 
 @pytest.mark.parametrize("env, message", [

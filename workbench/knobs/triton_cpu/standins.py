@@ -2,7 +2,7 @@
 
 Triton's interpreter runs a kernel one program at a time, each ``tl`` operation a numpy call
 wrapped in Triton's semantics: MRV2 spends most of a CPU step there (docs/performance.md). A
-stand-in (``kernels.py``) computes what one kernel computes, for the same arguments and grid,
+stand-in (``kernels/``) computes what one kernel computes, for the same arguments and grid,
 with numpy over each program's block, and writes exactly the elements the kernel writes. It
 is used only for the kernel source it was checked against (a hash of the kernel's text and of
 the ``@triton.jit`` helpers it calls, ``kernels.STANDINS``) and only in the cases it covers
@@ -23,6 +23,7 @@ The hook is on ``triton.runtime.interpreter.InterpretedFunction.run``, the launc
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -89,10 +90,16 @@ def _launch(jit, entry, args, kwargs, grid, warmup) -> tuple[tuple, dict] | None
     if not entry.source_matches(jit.fn):
         profile.count(entry.name, "source_changed")
         return None
-    sig = inspect.signature(jit.fn)
+    sig = _signature(jit.fn)
     bound = sig.bind(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
     bound.apply_defaults()
     return tuple(int(g) for g in grid) + (1,) * (3 - len(grid)), dict(bound.arguments)
+
+
+@functools.cache
+def _signature(fn) -> inspect.Signature:
+    """A kernel's signature, read once: ``_launch`` runs on every launch."""
+    return inspect.signature(fn)
 
 
 def _verify(jit, orig, entry, launch, args, kwargs, grid):

@@ -11,9 +11,14 @@ def flat(t) -> np.ndarray:
     (int16): right for copying, not for arithmetic (``as_f32``)."""
     import torch
 
-    n = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
-    view = t.as_strided((n,), (1,))
+    view = _to_storage_end(t)
     return (view.view(torch.int16) if t.dtype == torch.bfloat16 else view).numpy()
+
+
+def _to_storage_end(t):
+    """The 1-D tensor view from ``t``'s first element to its storage's end."""
+    n = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    return t.as_strided((n,), (1,))
 
 
 def flat_at(address: int, ctype, n: int) -> np.ndarray:
@@ -28,8 +33,7 @@ def as_f32(t) -> np.ndarray:
 
     if t.dtype == torch.float32:
         return flat(t)
-    n = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
-    return t.as_strided((n,), (1,)).float().numpy()
+    return _to_storage_end(t).float().numpy()
 
 
 def int32(x) -> np.int32:
