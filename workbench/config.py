@@ -14,6 +14,7 @@ from typing import Any
 from .inputs import input_checks, modelfiles, models, profiles
 from .inputs.prompts import SOURCES as _PROMPT_SOURCES
 from .knobs import connector as kv_connector
+from .knobs import release
 from .knobs import spec as knob_spec
 from .paths import DEFAULT_DRAFTER, DEFAULT_TARGET, portable, resolve
 
@@ -23,6 +24,12 @@ SWEEP_NUM_PROMPTS = 64  # a sweep point's prompts unless --prompts or its config
 
 class ConfigError(ValueError):
     """A bad configuration value; the message names the value and what is allowed."""
+
+
+def profile_runner(profile: str) -> str:
+    """The model runner a profile's runs take: its own where the installed vLLM has it, else
+    the one it has (``release.runner_for``: 0.34.0 has only MRV2)."""
+    return release.runner_for(profiles.get(profile).runner)
 
 
 @dataclass
@@ -165,7 +172,8 @@ class ExperimentConfig:
         knobs = overrides.pop("knobs", {})
         data.update(overrides)
         # a knobs value that is no object reaches validate(), which names what is wrong
-        data["knobs"] = {"runner": prof.runner, **knobs} if isinstance(knobs, dict) else knobs
+        runner = profile_runner(profile)
+        data["knobs"] = {"runner": runner, **knobs} if isinstance(knobs, dict) else knobs
         return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:

@@ -188,7 +188,7 @@ class Session:
     def check_build(self, cfg: ExperimentConfig) -> None:
         """Before anything starts: a knob this build refuses; Hub ids before the tokenizer."""
         if not self.attached:
-            check_vllm_release(cfg.knobs)
+            check_vllm_release(cfg.knobs, cfg)
             models.fetch([cfg.target, cfg.drafter])
 
     def describe(self, result: Result) -> Result:

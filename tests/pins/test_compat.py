@@ -83,15 +83,17 @@ def test_readme_table_is_the_records(records):
     assert block.strip() == compat.table(records)
 
 
-def test_call_order_checks_cover_both_runners_of_each_release():
-    """The orders the finalize mechanism assumes are among the checks: MRV2 0.33.0 calls
-    finalize_step after the speculator, the V1 runner finalize_kv_connector after drafting."""
+def test_call_order_checks_cover_every_runner_of_each_release():
+    """The orders the finalize mechanism assumes are among the checks: MRV2 from 0.33.0 calls
+    finalize_step after the speculator, the V1 runner finalize_kv_connector after drafting
+    (in every release that still has it: 0.34.0 removed it)."""
     names = {v: [c.name for c in compat.checks_for(v) if c.kind == "order"]
              for v in release.RELEASES}
-    assert any("self.speculator.propose( < if defer_kv_finalize: < "
-               "self.kv_connector.finalize_step()" in n for n in names["0.33.0"])
+    for v in ("0.33.0", "0.34.0"):
+        assert any("self.speculator.propose( < if defer_kv_finalize: < "
+                   "self.kv_connector.finalize_step()" in n for n in names[v])
     assert any("self.speculator.propose( < kv_connector_output = "
                "self.kv_connector.post_forward(finished_req_ids)" in n for n in names["0.32.0"])
-    for v in release.RELEASES:
+    for v, rel in release.RELEASES.items():
         assert any("self.propose_draft_token_ids( < self.finalize_kv_connector()" in n
-                   for n in names[v])
+                   for n in names[v]) == ("v1" in rel.runners), v

@@ -181,7 +181,8 @@ def test_session_refuses_an_unknown_release_before_any_server_starts(monkeypatch
     ("0.32.1.dev1+g0000000", "0.32.0", "installed-source"),  # a build of main after 0.32.0
     ("0.33.0rc1", "0.32.0", "installed-source"),  # a candidate precedes its release
     ("0.33.0.dev7+gabcdef0", "0.32.0", "installed-source"),
-    ("0.33.1", "0.33.0", "installed-source"), ("0.40.0", "0.33.0", "installed-source"),
+    ("0.33.1", "0.33.0", "installed-source"), ("0.34.0+cpu", "0.34.0", "table"),
+    ("0.34.1rc1", "0.34.0", "installed-source"), ("0.40.0", "0.34.0", "installed-source"),
 ])
 def test_a_version_uses_the_nearest_table_entry_at_or_below_it(version, entry, source):
     from workbench.knobs import release

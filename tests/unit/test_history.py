@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pandas as pd
 import pytest
 from PIL import Image
 
@@ -228,10 +230,13 @@ def test_the_matrix_has_a_row_per_release_and_finding_and_a_numbered_reason_per_
                     "start: AssertionError: spec decode is not supported."),
             _record("0.24.0", {"a": PRESENT, "b": NOT_APPLICABLE}),
             _record("0.25.1", {"a": "absent", "b": "inconclusive"})]
+    recs[2]["command"] = "python -m workbench releases --check --vllm 0.25.1"
     df = matrix.write(tmp_path, recs, "python -m workbench releases --check --vllm X")
     text = (tmp_path / matrix.CSV_NAME).read_text().splitlines()
-    assert text[0] == "# python -m workbench releases --check --vllm X"
-    assert text[1].split(",")[:5] == ["release", "finding", "verdict", "evidence", "seconds"]
+    assert text[0].split(",")[:5] == ["release", "finding", "verdict", "evidence", "seconds"]
+    plain = pd.read_csv(tmp_path / matrix.CSV_NAME)  # no comment line to skip
+    assert list(plain[plain["release"] == "0.25.1"]["command"].unique()) == [
+        "python -m workbench releases --check --vllm 0.25.1"]
     assert list(df.columns) == list(matrix.COLUMNS) and len(df) == 6
     assert json.loads(df.iloc[0]["evidence"])["why"].startswith("servers did not start")
     releases, findings, codes, reasons = matrix.grid(df)
@@ -251,6 +256,16 @@ def test_releases_are_given_by_number_or_all():
         history.releases_arg("0.24", False)
     with pytest.raises(ConfigError, match="--all"):
         history.releases_arg("", False)
+    with pytest.raises(ConfigError, match="--vllm 0.24.0 and --all both given"):
+        history.releases_arg("0.24.0", True)
+
+
+def test_releases_check_exits_1_on_a_broken_detector_and_names_it():
+    """A ``detector-broken`` outcome (a control that did not behave) is not a pass."""
+    recs = [_record("0.24.0", {"a": "absent", "b": "detector-broken"}),
+            _record("0.25.1", {"a": PRESENT, "b": "absent"})]
+    assert history.broken(recs) == ["0.24.0 b"]
+    assert history.broken(recs[1:]) == []
 
 
 def test_the_committed_matrix_covers_every_minor_release_with_known_verdicts():
@@ -260,7 +275,9 @@ def test_the_committed_matrix_covers_every_minor_release_with_known_verdicts():
     assert set(df["release"]) == set(history.ALL_RELEASES)
     assert set(df["finding"]) == set(FINDINGS) and set(df["verdict"]) <= set(VERDICTS)
     committed = (DATA / "releases" / matrix.CSV_NAME).read_text().splitlines()
-    assert committed[1:] == df.to_csv(index=False).splitlines()
+    assert committed == df.to_csv(index=False).splitlines()
+    assert pd.read_csv(DATA / "releases" / matrix.CSV_NAME)["command"].str.startswith(
+        "python -m workbench releases --check").all()  # a plain CSV: no comment line
     doc = (history.HISTORY_DOC).read_text()
     assert f"{matrix.DOC_BEGIN}\n{matrix.markdown(df)}\n{matrix.DOC_END}" in doc
     on_032 = df[df["release"] == "0.32.0"].set_index("finding")["verdict"]
@@ -271,9 +288,10 @@ def test_the_committed_matrix_covers_every_minor_release_with_known_verdicts():
             assert v == expected[fid], (fid, conn, v)
 
 
-def test_a_report_says_since_when_a_finding_is_present(tmp_path):
+def test_a_report_says_since_and_until_when_a_finding_is_present(tmp_path):
     """``timeline.since`` from a matrix: one span per run of verdicts, and the head names the
-    first present release, a span that ended, or that nothing was measurable natively."""
+    first present release and the newest measured, a span that ended and what followed it,
+    or that nothing was measurable natively."""
     from workbench.findings import timeline
 
     recs = [_record("0.19.1", {"a": NOT_APPLICABLE, "b": NOT_APPLICABLE, "c": NOT_APPLICABLE},
@@ -286,9 +304,11 @@ def test_a_report_says_since_when_a_finding_is_present(tmp_path):
     matrix.write(tmp_path, recs, "python -m workbench releases --check")
     csv = tmp_path / matrix.CSV_NAME
     assert timeline.since("a", csv) == (
-        "present natively since 0.25.1 (0.19.1 not-applicable; 0.23.0-0.24.0 absent; "
-        "0.25.1 present; 0.30.0 not-applicable; 0.32.0 present; findings-matrix.csv)")
-    assert timeline.since("b", csv).startswith("present natively on 0.23.0-0.24.0 only")
+        "present natively since 0.25.1, still on 0.32.0 (the newest release measured) (0.19.1 "
+        "not-applicable; 0.23.0-0.24.0 absent; 0.25.1 present; 0.30.0 not-applicable; 0.32.0 "
+        "present; findings-matrix.csv)")
+    assert timeline.since("b", csv).startswith(
+        "present natively on 0.23.0-0.24.0 only, until 0.24.0 (absent on 0.25.1)")
     assert timeline.since("c", csv).startswith("not measurable natively on any release")
     assert timeline.since("z", csv) is None
 
@@ -544,3 +564,26 @@ def test_the_probe_channel_switches_the_observe_only_probe_per_run_and_reads_it_
         stop.set()
         probe.role, probe.observing, probe.enabled = saved
         probe.records.clear()
+
+
+def test_a_native_run_reads_back_only_live_workers_and_a_zombie_is_not_one(tmp_path):
+    """One process check for the knob channel and native runs (``channel.pid_alive``): a
+    worker that exited and was not reaped yet (a zombie) no longer counts."""
+    import subprocess
+    import time
+
+    from workbench.knobs.channel import pid_alive
+    from workbench.provenance import atomic_write_json
+    from workbench.releases.native import NativeRelease
+
+    child = subprocess.Popen(["true"])
+    for _ in range(100):  # exited, not reaped: a zombie
+        if Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.05)
+    assert not pid_alive(child.pid)
+    rel = NativeRelease("0.28.0", tmp_path / "python", False, tmp_path / "obs")
+    atomic_write_json(tmp_path / "obs" / "observe-d" / "runner-1.json",
+                      {"pid": child.pid, "runner": "v2"})
+    assert rel.live_reports("runner-*.json") == {}
+    child.wait()

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, ExperimentConfig
+from ..config import ConfigError, ExperimentConfig, profile_runner
 from ..inputs import profiles
 from ..knobs import connector as kv_connector
 from ..knobs import spec as knob_spec
@@ -246,7 +246,7 @@ def check_base(profile: str, connector: str, runner: str | None) -> dict:
     base = connector_base(profile, connector)
     try:
         base["knobs"]["runner"] = knob_spec.check_value(
-            "runner", runner if runner is not None else profiles.get(profile).runner)
+            "runner", runner if runner is not None else profile_runner(profile))
     except ValueError as e:
         raise ConfigError(f"--runner: {e}") from None
     return base
@@ -404,7 +404,8 @@ def run(only: str | None, out: str | Path, *, expect: str | None = None,
                           "too: its table entry names the expectations")
     expect_file, expected = expectations(expect, b.table_entry, connector, runner)
     order, uses, skipped = plan(findings, base, bool(urls),
-                                lambda cfg: build.refusal(b, cfg.knobs))
+                                lambda cfg: build.refusal(b, cfg.knobs)
+                                or build.lacking(b, cfg))
     session = (experiment.Session.attach(urls, knobs_file=knobs_file, state_dir=state_dir)
                if urls else experiment.Session(log_dir))
     t0 = time.monotonic()
@@ -432,6 +433,18 @@ def load(out: str | Path) -> Checked:
                    sum(o.seconds for o in outs), len(list(out.glob("runs/*/result.json"))))
 
 
+def removed_by(build: dict, cfg: ExperimentConfig) -> str | None:
+    """What the recorded build's release removed that ``cfg`` asks for (``build.lacking``)."""
+    from types import SimpleNamespace
+
+    from ..knobs import build as knob_build
+    from ..knobs.release import RELEASES
+
+    entry = build.get("table_entry")
+    return knob_build.lacking(SimpleNamespace(table_entry=entry), cfg) if entry in RELEASES \
+        else None
+
+
 def rejudge(out: str | Path, report: str | Path | None = None) -> Checked:
     """Judge a check already run into ``out`` again from its runs' ``result.json`` files
     (the detectors and controls as they are now), rewrite its ``check.json`` and, with
@@ -446,7 +459,12 @@ def rejudge(out: str | Path, report: str | Path | None = None) -> Checked:
     profile = json.loads(first.read_text())["config"]["profile"] if first else "cpu"
     connector = doc.get("connector", kv_connector.DEFAULT)
     runner = doc.get("runner", knob_spec.KNOBS["runner"].default)
-    _, uses, skipped = plan(findings, check_base(profile, connector, runner), attached=False)
+    _, uses, skipped = plan(findings, check_base(profile, connector, runner), attached=False,
+                            refused=lambda cfg: removed_by(doc["build"], cfg))
+    for fid, f in old.items():  # refused by the build then (its patch checks): still refused
+        if f.get("cause") == "build" and fid in uses:
+            del uses[fid]
+            skipped[fid] = ("build", f["evidence"].get("why"))
     done = Executed()
     for k, name in run_names(uses).items():
         path = out / "runs" / name / "result.json"

@@ -16,7 +16,7 @@ import shlex
 from importlib import metadata
 from pathlib import Path
 
-from ..config import ExperimentConfig
+from ..config import ExperimentConfig, profile_runner
 from ..inputs import profiles
 from ..knobs import connector as kv_connector
 from ..knobs import spec as knob_spec
@@ -244,7 +244,7 @@ def connector_flag(cfg: ExperimentConfig) -> str:
 def runner_flag(cfg: ExperimentConfig) -> str:
     """`` --runner NAME`` where the run's model runner is not its profile's."""
     runner = cfg.knobs.get("runner")
-    return "" if runner == profiles.get(cfg.profile).runner else f" --runner {runner}"
+    return "" if runner == profile_runner(cfg.profile) else f" --runner {runner}"
 
 
 def reproduce(f: Finding, cfg: ExperimentConfig) -> list[str]:

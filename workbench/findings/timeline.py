@@ -1,4 +1,5 @@
-"""Since when each finding is present: its native verdicts across releases, in one sentence.
+"""Since when, and until when, each finding is present: its native verdicts across releases,
+in one sentence.
 
 Read from the committed ``data/releases/findings-matrix.csv`` (``python -m workbench releases
 --check``: each finding's detector natively on each release), so a report says what was
@@ -23,8 +24,7 @@ def verdicts(finding: str, path: Path = MATRIX) -> list[tuple[str, str]]:
     if not path.is_file():
         return []
     with path.open() as fh:
-        rows = [r for r in csv.DictReader(ln for ln in fh if not ln.startswith("#"))
-                if r["finding"] == finding]
+        rows = [r for r in csv.DictReader(fh) if r["finding"] == finding]
     return sorted(((r["release"], r["verdict"]) for r in rows), key=lambda x: version_key(x[0]))
 
 
@@ -38,22 +38,27 @@ def spans(pairs: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
 
 
 def since(finding: str, path: Path = MATRIX) -> str | None:
-    """``present since 0.25.1`` (or ``present on 0.23.0-0.24.0 only``, or never measured
-    natively), then every span: None without a matrix row for ``finding``."""
+    """``present natively since 0.25.1, still on 0.34.0 (the newest release measured)``, or
+    ``present natively on 0.23.0-0.24.0 only, until 0.24.0``, or never measured natively; then
+    every span: None without a matrix row for ``finding``."""
     pairs = verdicts(finding, path)
     if not pairs:
         return None
     sp = spans(pairs)
     present = [s for s in sp if s[2] == "present"]
     # a release that cannot run it (not-applicable) between two present ones ends no span
-    measured = [v for _, v in pairs if v != "not-applicable"]
+    measured = [(r, v) for r, v in pairs if v != "not-applicable"]
+    verdicts_measured = [v for _, v in measured]
     if not present:
         head = ("not measurable natively on any release" if all(
             s[2] == "not-applicable" for s in sp) else "not present natively on any release")
-    elif set(measured[measured.index("present"):]) == {"present"}:
-        head = f"present natively since {present[0][0]}"
+    elif set(verdicts_measured[verdicts_measured.index("present"):]) == {"present"}:
+        head = (f"present natively since {present[0][0]}, still on {measured[-1][0]} (the "
+                "newest release measured)")
     else:
-        head = "present natively on " + ", ".join(_span(s) for s in present) + " only"
+        after = [(r, v) for r, v in measured if version_key(r) > version_key(present[-1][1])]
+        head = ("present natively on " + ", ".join(_span(s) for s in present) + " only, until "
+                f"{present[-1][1]} ({after[0][1]} on {after[0][0]})")
     return f"{head} ({'; '.join(f'{_span(s)} {s[2]}' for s in sp)}; {CSV_NAME})"
 
 

@@ -46,6 +46,8 @@ class Build:
         out = asdict(self)
         out.pop("failures")
         out.pop("per_set")
+        if (parts := release.assembled()) is not None:
+            out["assembled"] = parts
         return out
 
     def table(self) -> list[str]:
@@ -168,14 +170,26 @@ def say_once(build: Build) -> None:
         print(f"workbench: {build.summary()}", file=sys.stderr, flush=True)
 
 
+def lacking(build: Build, cfg) -> str | None:
+    """Why ``build``'s release cannot run ``cfg`` (an ``ExperimentConfig``): a setting it
+    removed (``Release.removed``), or None."""
+    gone = release.RELEASES[build.table_entry].lacks(cfg)
+    return "; ".join(f"{k} refused, {why}" for k, why in gone.items()) or None
+
+
 def refusal(build: Build, knobs: dict[str, str]) -> str | None:
     """Why a run asking for ``knobs`` cannot run on ``build`` (None: it can)."""
     if WHOLE_PLUGIN in {k.split("/")[0] for k in build.failures}:
         return (f"vLLM {build.version}: the workbench plugin's own patch targets fail on the "
                 f"installed source ({'; '.join(build.failures[WHOLE_PLUGIN])}); no run can "
                 "use the knobs on this build")
+    runner = knobs.get("runner") or release.runner_for(knob_spec.KNOBS["runner"].default,
+                                                       build.version)
+    if runner not in (rel := release.RELEASES[build.table_entry]).runners:
+        return (f"vLLM {build.version}: runner={runner} refused, "
+                f"{release.RUNNER_GONE.get(runner, 'not a model runner it has')}; "
+                f"allowed: runner={'|'.join(rel.runners)}")
     asked = knob_spec.changed(knobs)
-    runner = knobs.get("runner", knob_spec.KNOBS["runner"].default)
     refused = {k: v for k, v in build.refused(runner).items() if k in asked}
     if not refused:
         return None

@@ -26,6 +26,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import importlib
+import importlib.util
 import json
 import os
 import threading
@@ -67,11 +69,18 @@ SOURCE = (
     *_COMMON_SOURCE,
 )
 # Model Runner V2 drafts inside sample_tokens too, so the same capture points serve it.
-V2_SOURCE = (
-    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.sample_tokens",
-     ("self.speculator.propose(",)),
-    *_COMMON_SOURCE,
-)
+_V2_DRAFTS = ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.sample_tokens",
+              ("self.speculator.propose(",))
+V2_SOURCE = (_V2_DRAFTS, *_COMMON_SOURCE)
+# 0.34.0 moved the CPU ops to vllm._cpu_ops (CPU_ATTN imports it as ``ops``): same kernel,
+# same call (``cpu_ops`` picks the module).
+V2_CPU_OPS_TARGETS = (*WORKER_TARGETS[:2], ("vllm._cpu_ops", None, "cpu_attn_reshape_and_cache",
+                                            None))
+V2_CPU_OPS_SOURCE = (_V2_DRAFTS, _COMMON_SOURCE[0],
+                     ("vllm.v1.attention.backends.cpu_attn",
+                      "CPUAttentionBackendImpl.do_kv_cache_update",
+                      ("kv_cache.view((num_blocks, num_kv_heads, block_size * 2, -1))",
+                       "ops.cpu_attn_reshape_and_cache(")))
 
 
 def prompt_key(token_ids: list[int]) -> str:
@@ -196,8 +205,7 @@ def slot_order(layer: dict):
     if isa is None:  # a logical slot is not a token here: digests would blame wrong positions
         raise RuntimeError(f"CPU_ATTN layer {layer['name']} has no ISA (layer.isa, "
                            "layer.impl.isa): its slots cannot be mapped to tokens")
-    from vllm import _custom_ops as ops
-
+    ops = cpu_ops()
     h, d = kv.shape[1], kv.shape[3] // 2
     scratch = torch.zeros((1, h, 2 * bs, d), dtype=torch.float32)
     code = torch.arange(1, 2 * bs * h * d + 1, dtype=torch.float32).view(bs, 2, h, d)
@@ -209,6 +217,13 @@ def slot_order(layer: dict):
     order[where] = torch.arange(where.numel())
     layer["order"], layer["order_note"] = order.to(kv.device), f"learnt from isa {isa!r}"
     return layer["order"]
+
+
+def cpu_ops():
+    """The module CPU_ATTN calls ``cpu_attn_reshape_and_cache`` from: ``vllm._cpu_ops`` from
+    0.34.0, ``vllm._custom_ops`` before."""
+    name = "vllm._cpu_ops" if importlib.util.find_spec("vllm._cpu_ops") else "vllm._custom_ops"
+    return importlib.import_module(name)
 
 
 def layer_isa(module) -> str | None:
@@ -416,6 +431,23 @@ def apply(comp: Component, knobs: dict, seed: int) -> tuple[str, dict[str, Any]]
     return value, {}
 
 
+def observed_patches(version: str, runner: str | None = None) -> tuple[tuple, tuple]:
+    """The probe's targets and source facts on a native run of ``version``: its release-table
+    entry's for the runner (``runner.requested()`` by default) where the table has the release,
+    else the V1 runner's (the old releases all run V1)."""
+    from .component import resolve
+    from .release import RELEASES, base_version
+
+    if (rel := RELEASES.get(base_version(version))) is None:
+        return WORKER_TARGETS, SOURCE
+    if runner is None:
+        from .runner import requested as runner_requested
+
+        runner = runner_requested()
+    ps = rel.patch_set("kv_probe", runner)
+    return resolve(ps.targets), resolve(ps.source)
+
+
 def observe(state_dir: str, version: str) -> tuple[dict[str, Any], Any]:
     """Observe-only (``observe.py``): the probe on from each worker's start, answering request
     files in ``state_dir``, where its targets and source facts hold in the running release's
@@ -424,7 +456,7 @@ def observe(state_dir: str, version: str) -> tuple[dict[str, Any], Any]:
     worker runs after ``Worker.initialize_from_config`` (None: not installed)."""
     from .patch_checks import failures_installed
 
-    if failed := failures_installed(WORKER_TARGETS, SOURCE, version):
+    if failed := failures_installed(*observed_patches(version), version):
         return {"installed": False, "failed": failed}, None
     return ({"installed": True, "state_dir": state_dir,
              "at_worker_start": ["Worker.execute_model", "Worker.sample_tokens"]},

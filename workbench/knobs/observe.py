@@ -14,8 +14,9 @@ and each reading only: with ``WORKBENCH_OBSERVE_KV_PROBE`` set to a state direct
 probe (``kv_probe.observe``); with ``WORKBENCH_OBSERVE_AFFINITY=1``, each worker's forward-thread
 cores once NIXL's worker set them (``cpu_pin.observe``). One knob value may be ported too,
 because vLLM takes its path natively on a GPU: with ``WORKBENCH_TRANSFER=host-staged``, NIXL's
-host staging buffer (``transfer.observe``), again only where its targets hold. Their patches
-are then the only ones listed."""
+host staging buffer (``transfer.observe``), again only where its targets hold; and Model
+Runner V2 where vLLM runs it by default (the assembled releases: ``WORKBENCH_RUNNER=v2``), whose
+class each worker writes back (``write_runner``). Their patches are then the only ones listed."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Any
 
 from ..provenance import atomic_write_json
 from . import _patch, compat_fixes, spec, transfer
-from .release import RELEASES, SUPPORTED_VLLM, base_version, vllm_version
+from .release import RELEASES, SUPPORTED_VLLM, base_version, runner_kind, vllm_version
 
 ENV = spec.ENV_OBSERVE_ONLY
 
@@ -51,6 +52,8 @@ def install(report_dir: str) -> dict[str, Any]:
     if transfer.requested() != spec.KNOBS["transfer"].default:
         staged, hook = transfer.observe(report_dir, version)
         hooks += [hook] if hook else []
+    if os.environ.get(spec.ENV_RUNNER, "v1") != "v1":  # a ported runner (MRV2): read it back
+        hooks.append(lambda worker: write_runner(report_dir, worker))
     if hooks:
         at_worker_start(hooks)
     report = {
@@ -72,6 +75,18 @@ def install(report_dir: str) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / f"observe-{os.getpid()}.json", report)
     return report
+
+
+RUNNER_GLOB = "runner-*.json"
+
+
+def write_runner(report_dir: str, worker) -> None:
+    """The model runner this worker built, as the runner knob reads it back (``runner_kind``):
+    a native run on Model Runner V2 shows it ran there."""
+    mr = worker.model_runner
+    atomic_write_json(Path(report_dir) / f"runner-{os.getpid()}.json",
+                      {"pid": os.getpid(), "runner": runner_kind(mr),
+                       "class": f"{type(mr).__module__}:{type(mr).__qualname__}"})
 
 
 def at_worker_start(hooks: list) -> None:

