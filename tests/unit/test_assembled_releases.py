@@ -231,3 +231,20 @@ def test_the_committed_0_34_check_met_its_expectations_with_positive_controls_th
         assert by_id[fid]["controls"]["positive"]["verdict"] == "present", fid
     assert by_id["prefix-cache-drafter-kv"]["verdict"] == "absent"
     assert by_id["chunked-prefill-drafter-kv"]["cause"] == "build"
+
+
+def test_fuzz_takes_the_runner_the_release_has_and_refuses_a_space_asking_for_what_it_removed():
+    """On 0.34.0 the default space runs MRV2 with the padded drafter batch only; a space that
+    lists the V1 runner or the unpadded batch is refused by name; 0.32.0 keeps the space."""
+    from workbench.config import ConfigError
+    from workbench.fuzz.space import Space, on_release
+
+    new, old = release.RELEASES["0.34.0"], release.RELEASES["0.32.0"]
+    s = on_release(Space(), False, new)
+    assert s.runner == ("v2",) and s.padded_drafter_batch == (True,)
+    assert on_release(Space(), False, old) == Space()
+    with pytest.raises(ConfigError, match="padded_drafter_batch=False, runner=v1 not on vLLM "
+                                          "0.34.0"):
+        on_release(Space(), True, new)
+    mine = Space(runner=("v2",), padded_drafter_batch=(True,))
+    assert on_release(mine, True, new) == mine

@@ -271,9 +271,10 @@ def test_releases_check_exits_1_on_a_broken_detector_and_names_it():
 def test_the_committed_matrix_covers_every_minor_release_with_known_verdicts():
     """``data/releases/findings-matrix.csv``: every finding on every release of the history,
     verdicts of the checked vocabulary, and the installed release's as its expectations."""
-    df = matrix.frame(history.records_under(DATA / "releases"))
+    df = matrix.frame([history.with_knob_positives(r)
+                       for r in history.records_under(DATA / "releases")])
     assert set(df["release"]) == set(history.ALL_RELEASES)
-    assert set(df["finding"]) == set(FINDINGS) and set(df["verdict"]) <= set(VERDICTS)
+    assert set(df["finding"]) == set(FINDINGS) and set(df["verdict"]) <= set(matrix.MATRIX_VERDICTS)
     committed = (DATA / "releases" / matrix.CSV_NAME).read_text().splitlines()
     assert committed == df.to_csv(index=False).splitlines()
     assert pd.read_csv(DATA / "releases" / matrix.CSV_NAME)["command"].str.startswith(
@@ -284,33 +285,69 @@ def test_the_committed_matrix_covers_every_minor_release_with_known_verdicts():
     for fid, v in on_032.items():  # a finding of another connector: that connector's
         conn = (FINDINGS[fid].connectors or (history.CONNECTOR,))[0]
         expected = check.expectations(None, "0.32.0", conn)[1]["findings"]
-        if v != NOT_APPLICABLE:
+        if v not in (NOT_APPLICABLE, matrix.UNCHECKED):
             assert v == expected[fid], (fid, conn, v)
+    absent = df[df["verdict"] == "absent"]
+    assert len(absent) and absent["controls"].str.startswith("positive ok").all()
 
 
 def test_a_report_says_since_and_until_when_a_finding_is_present(tmp_path):
     """``timeline.since`` from a matrix: one span per run of verdicts, and the head names the
-    first present release and the newest measured, a span that ended and what followed it,
-    or that nothing was measurable natively."""
+    first present release and the newest checked, a span that ended and what followed it, or
+    that nothing was measurable natively; an absence no positive control checked is no end."""
     from workbench.findings import timeline
 
+    seen = {"positive": {"status": "ok", "verdict": PRESENT}}
     recs = [_record("0.19.1", {"a": NOT_APPLICABLE, "b": NOT_APPLICABLE, "c": NOT_APPLICABLE},
                     "servers did not start"),
             _record("0.23.0", {"a": "absent", "b": PRESENT, "c": NOT_APPLICABLE}),
             _record("0.24.0", {"a": "absent", "b": PRESENT, "c": NOT_APPLICABLE}),
             _record("0.25.1", {"a": PRESENT, "b": "absent", "c": NOT_APPLICABLE}),
             _record("0.30.0", {"a": NOT_APPLICABLE, "b": "absent", "c": NOT_APPLICABLE}),
-            _record("0.32.0", {"a": PRESENT, "b": "absent", "c": NOT_APPLICABLE})]
+            _record("0.32.0", {"a": PRESENT, "b": "absent", "c": NOT_APPLICABLE}),
+            _record("0.34.0", {"a": "absent", "b": "absent", "c": NOT_APPLICABLE})]
+    for rec in recs[3:5]:
+        next(f for f in rec["findings"] if f["id"] == "b")["controls"] = seen
     matrix.write(tmp_path, recs, "python -m workbench releases --check")
     csv = tmp_path / matrix.CSV_NAME
     assert timeline.since("a", csv) == (
-        "present natively since 0.25.1, still on 0.32.0 (the newest release measured) (0.19.1 "
-        "not-applicable; 0.23.0-0.24.0 absent; 0.25.1 present; 0.30.0 not-applicable; 0.32.0 "
-        "present; findings-matrix.csv)")
+        "present natively since 0.25.1, still on 0.32.0 (the newest release checked) (0.19.1 "
+        "not-applicable; 0.23.0-0.24.0 unchecked; 0.25.1 present; 0.30.0 not-applicable; "
+        "0.32.0 present; 0.34.0 unchecked; findings-matrix.csv)")
     assert timeline.since("b", csv).startswith(
         "present natively on 0.23.0-0.24.0 only, until 0.24.0 (absent on 0.25.1)")
     assert timeline.since("c", csv).startswith("not measurable natively on any release")
     assert timeline.since("z", csv) is None
+
+
+def test_an_absence_counts_only_where_a_positive_control_saw_the_bug_on_that_release(tmp_path):
+    """``absent`` in the matrix needs the finding's positive control to have detected the bug
+    on that release, natively or in a knob ``check`` of the same release and runner
+    (``history.with_knob_positives``); else ``unchecked`` with why, its own colour."""
+    own = {"positive": {"status": "own run", "verdict": None}}
+    not_run = {"positive": {"status": "not run", "verdict": None, "why": "sets knobs x"}}
+    seen = {"positive": {"status": "ok", "verdict": PRESENT}}
+    rows = {c["finding"]: c for c in matrix.rows([_record("0.32.0", {
+        "own": "absent", "none": "absent", "seen": "absent", "nr": "absent", "p": PRESENT})])}
+    assert rows["none"]["verdict"] == matrix.UNCHECKED
+    assert "no positive control" in json.loads(rows["none"]["evidence"])["why"]
+    rec = _record("0.32.0", {"own": "absent", "seen": "absent", "nr": "absent"})
+    for f, c in zip(rec["findings"], (own, seen, not_run), strict=True):
+        f["controls"] = c
+    got = {r["finding"]: (r["verdict"], json.loads(r["evidence"]).get("why", ""))
+           for r in matrix.rows([rec])}
+    assert got["own"][0] == matrix.UNCHECKED and "its own run" in got["own"][1]
+    assert got["seen"] == ("absent", "")
+    assert got["nr"][0] == matrix.UNCHECKED and "sets knobs x" in got["nr"][1]
+    assert matrix.COLORS[matrix.UNCHECKED] not in {matrix.COLORS[v] for v in VERDICTS}
+    # a knob check of 0.34.0 on MRV2 lends its positive control to the native 0.34.0 cell
+    native = history.records_under(DATA / "releases")
+    on_034 = next(r for r in native if r["release"] == "0.34.0")
+    lent = {f["id"]: f for f in history.with_knob_positives(on_034)["findings"]}
+    assert "check with the knobs" in lent["unclipped-handoff"]["controls"]["positive"]["why"]
+    assert lent["prefix-cache-drafter-kv"]["controls"]["positive"]["status"] == "own run"
+    assert {f["id"]: f for f in on_034["findings"]}["unclipped-handoff"]["controls"][
+        "positive"]["status"] == "not run"  # the record itself stays as measured
 
 
 def test_every_committed_report_says_what_the_committed_matrix_says():

@@ -46,15 +46,16 @@ def since(finding: str, path: Path = MATRIX) -> str | None:
         return None
     sp = spans(pairs)
     present = [s for s in sp if s[2] == "present"]
-    # a release that cannot run it (not-applicable) between two present ones ends no span
-    measured = [(r, v) for r, v in pairs if v != "not-applicable"]
+    # a release that cannot run it (not-applicable), or whose absence is unchecked (no positive
+    # control saw the bug there: matrix.UNCHECKED), between two present ones ends no span
+    measured = [(r, v) for r, v in pairs if v not in ("not-applicable", "unchecked")]
     verdicts_measured = [v for _, v in measured]
     if not present:
         head = ("not measurable natively on any release" if all(
             s[2] == "not-applicable" for s in sp) else "not present natively on any release")
     elif set(verdicts_measured[verdicts_measured.index("present"):]) == {"present"}:
         head = (f"present natively since {present[0][0]}, still on {measured[-1][0]} (the "
-                "newest release measured)")
+                "newest release checked)")
     else:
         after = [(r, v) for r, v in measured if version_key(r) > version_key(present[-1][1])]
         head = ("present natively on " + ", ".join(_span(s) for s in present) + " only, until "

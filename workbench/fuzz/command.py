@@ -16,7 +16,7 @@ from . import failure, trial
 from .hunt import Hunt
 from .records import Book
 from .scenario import Scenario
-from .space import Space
+from .space import Space, on_release
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "": 1}
 POOL_PROMPTS = 32  # prompts of the indomain set laid end to end for "prompts" tokens
@@ -56,6 +56,17 @@ def base_config_for(target: str = str(DEFAULT_TARGET),
     return ExperimentConfig.for_profile("cpu", target=target, drafter=drafter)
 
 
+def installed(space: Space, given: bool) -> Space:
+    """``space`` on the installed vLLM's release (``space.on_release``)."""
+    from ..knobs import release
+
+    try:
+        rel = release.current()
+    except RuntimeError as e:
+        raise ConfigError(str(e)) from None
+    return on_release(space, given, rel)
+
+
 def fits(space: Space, base: ExperimentConfig) -> None:
     """The longest prompt (a second BOS included) and its tokens within the servers'
     ``--max-model-len``, checked before any server starts."""
@@ -90,7 +101,7 @@ def bar(budget_s: float):
 def main(args: argparse.Namespace) -> int:
     """Exit status: 0 nothing unexplained, 1 an unexplained difference, 2 bad input."""
     budget = parse_budget(args.budget)
-    space = Space.load(args.space)
+    space = installed(Space.load(args.space), args.space is not None)
     base = base_config(args)
     fits(space, base)
     out = Path(args.out)

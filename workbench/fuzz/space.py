@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,23 @@ def check(s: Space) -> None:
     if owned:
         raise ConfigError(f"space field knobs: {owned} are shape fields (or the oracle's "
                           "probe); list their values in the field of that name")
+
+
+def on_release(s: Space, given: bool, rel) -> Space:
+    """``s`` on the installed release ``rel`` (``knobs.release.Release``): the default space
+    takes the model runner the release has and leaves out a setting it removed (0.34.0: the
+    V1 runner, the unpadded drafter batch); a space the user gave that asks for either is
+    refused by name before any server starts."""
+    runners = tuple(r for r in s.runner if r in rel.runners)
+    padded = tuple(p for p in s.padded_drafter_batch
+                   if f"padded_drafter_batch={p}" not in rel.removed)
+    if given and (runners != s.runner or padded != s.padded_drafter_batch):
+        gone = sorted({*(f"runner={r}" for r in s.runner if r not in runners),
+                       *(f"padded_drafter_batch={p}" for p in s.padded_drafter_batch
+                         if p not in padded)})
+        raise ConfigError(f"space: {', '.join(gone)} not on vLLM {rel.version} ({rel.note}); "
+                          f"allowed: runner {list(rel.runners)}")
+    return replace(s, runner=runners or rel.runners[:1], padded_drafter_batch=padded)
 
 
 def _allowed(name: str, v: Any) -> bool:

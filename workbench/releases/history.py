@@ -31,7 +31,7 @@ from typing import Any
 
 from ..config import ConfigError, ExperimentConfig
 from ..findings import FINDINGS, check
-from ..findings.finding import BROKEN, INCONCLUSIVE, NOT_APPLICABLE, Finding
+from ..findings.finding import ABSENT, BROKEN, INCONCLUSIVE, NOT_APPLICABLE, PRESENT, Finding
 from ..inputs import prompts as prompt_sets
 from ..knobs import connector as kv_connector
 from ..knobs.release import RELEASES, base_version, version_key, vllm_version
@@ -441,7 +441,7 @@ def run(versions: list[str], only: str | None, out: Path, command: str,
         if fresh:
             atomic_write_json(path, rec, indent=1, sort_keys=False, portable=True)
         records.append(rec)
-    df = matrix.write(out, records_under(out), command)
+    df = matrix.write(out, [with_knob_positives(r) for r in records_under(out)], command)
     if out.resolve() == (DATA / "releases").resolve():
         matrix.write_doc_table(df, HISTORY_DOC)
     return records
@@ -472,6 +472,45 @@ def backfill_sources(rec: dict) -> bool:
                 for p in paths if p.is_file()}
         f["source"] = ",".join(sorted(s for s in srcs if s))
     return bool(todo)
+
+
+def knob_checks(release: str, runner: str) -> list[Path]:
+    """The committed ``check`` records made with the knobs on ``release`` (its table entry
+    runs them: the installed 0.32.0, the assembled 0.34.0), through NIXL pull on ``runner``:
+    where a native absence may take its positive control from."""
+    out = []
+    for p in sorted(DATA.glob("**/check.json")):
+        doc = json.loads(p.read_text())
+        build = doc.get("build") or {}
+        if (base_version(str(build.get("version"))) == release
+                and build.get("source") == "table"
+                and doc.get("connector", CONNECTOR) == CONNECTOR
+                and (doc.get("runner") or "v1") == runner):
+            out.append(p)
+    return out
+
+
+def with_knob_positives(rec: dict) -> dict:
+    """``rec`` for the matrix: a native absence whose positive control could not run natively
+    (it sets a knob) takes it from a knob ``check`` of the same release and runner, where that
+    check's own run agrees (absent) and its positive control re-created the bug and saw it. The
+    record on disk stays as measured."""
+    checks = [(p, {f["id"]: f for f in json.loads(p.read_text())["findings"]})
+              for p in knob_checks(rec["release"], native_runner(rec["release"]))]
+    out = {**rec, "findings": []}
+    for f in rec["findings"]:
+        pos = (f.get("controls") or {}).get("positive") or {}
+        for path, by_id in checks:
+            there = by_id.get(f["id"]) or {}
+            seen = (there.get("controls") or {}).get("positive") or {}
+            if (f["verdict"] == ABSENT and pos.get("verdict") != PRESENT
+                    and there.get("verdict") == ABSENT and seen.get("verdict") == PRESENT):
+                f = {**f, "controls": {**f["controls"], "positive": {
+                    **seen, "why": f"run by check with the knobs on this release "
+                                   f"({portable(path)})"}}}
+                break
+        out["findings"].append(f)
+    return out
 
 
 def records_under(out: Path) -> list[dict]:

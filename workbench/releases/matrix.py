@@ -20,7 +20,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
 from ..figures.figstyle import STYLE, save
-from ..findings.finding import VERDICTS, controls_line
+from ..findings.finding import ABSENT, OWN_RUN, PRESENT, VERDICTS, controls_line
 from ..findings.timeline import CSV_NAME
 from ..knobs.release import version_key
 from ..provenance import atomic_write_text, git_commit
@@ -29,8 +29,36 @@ COLUMNS = ("release", "finding", "verdict", "evidence", "seconds", "source", "co
            "vllm_version", "command")
 FIGURE_STEM = "findings-matrix"
 SCRAPED = "1x"  # a cell's mark: its counts came one request at a time
+# A cell's verdict is ``check``'s, but ``absent`` only where the finding's positive control
+# ran on that release and detected the bug (the instrument shown able to see it there); any
+# other absence is ``unchecked``, with why, and reads as no measurement.
+UNCHECKED = "unchecked"
+MATRIX_VERDICTS = (*VERDICTS, UNCHECKED)
 COLORS = {"present": "tab:red", "absent": "tab:green", "inconclusive": "gold",
-          "detector-broken": "black", "not-applicable": "lightgray"}
+          "detector-broken": "black", "not-applicable": "lightgray",
+          UNCHECKED: "lightsteelblue"}
+
+
+def unseen(f: dict[str, Any]) -> str | None:
+    """Why an ``absent`` outcome is not a checked absence (None: its positive control ran on
+    that release and detected the bug)."""
+    pos = (f.get("controls") or {}).get("positive")
+    if pos is None:
+        return "the finding has no positive control"
+    if pos.get("verdict") == PRESENT:
+        return None
+    if pos.get("status") == OWN_RUN:
+        return ("its positive control is its own run, which saw nothing: no run shows the "
+                "instrument can see the bug on this release")
+    return f"its positive control did not detect it here ({pos.get('status')}: " \
+           f"{pos.get('why') or pos.get('verdict')})"
+
+
+def verdict_of(f: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A cell's verdict and evidence: ``check``'s, an unchecked absence said so."""
+    if f["verdict"] == ABSENT and (why := unseen(f)) is not None:
+        return UNCHECKED, {**f["evidence"], "why": why}
+    return f["verdict"], f["evidence"]
 
 
 def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -38,10 +66,9 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for rec in records:
         for f in rec["findings"]:
-            out.append({"release": rec["release"], "finding": f["id"],
-                        "verdict": f["verdict"],
-                        "evidence": json.dumps(f["evidence"], sort_keys=True,
-                                               separators=(",", ":")),
+            verdict, evidence = verdict_of(f)
+            out.append({"release": rec["release"], "finding": f["id"], "verdict": verdict,
+                        "evidence": json.dumps(evidence, sort_keys=True, separators=(",", ":")),
                         "seconds": f["seconds"], "source": f.get("source") or "",
                         "controls": controls_line(f.get("controls") or {}),
                         "vllm_version": rec.get("vllm_version") or "",
@@ -51,9 +78,9 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     df = pd.DataFrame(rows(records), columns=list(COLUMNS))
-    bad = set(df["verdict"]) - set(VERDICTS)
+    bad = set(df["verdict"]) - set(MATRIX_VERDICTS)
     if bad:
-        raise ValueError(f"verdicts {sorted(bad)} are none of {', '.join(VERDICTS)}")
+        raise ValueError(f"verdicts {sorted(bad)} are none of {', '.join(MATRIX_VERDICTS)}")
     return df
 
 
@@ -76,12 +103,13 @@ def grid(df: pd.DataFrame) -> tuple[list[str], list[str], pd.DataFrame, list[str
 
 def figure(df: pd.DataFrame, out_dir: Path, prov: dict) -> list[Path]:
     releases, findings, codes, reasons = grid(df)
-    cmap = ListedColormap([COLORS[v] for v in VERDICTS])
-    values = codes.map(lambda v: VERDICTS.index(v) if isinstance(v, str) else float("nan"))
+    cmap = ListedColormap([COLORS[v] for v in MATRIX_VERDICTS])
+    values = codes.map(lambda v: MATRIX_VERDICTS.index(v) if isinstance(v, str)
+                       else float("nan"))
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(1.0 + 0.62 * len(releases),
                                         1.6 + 0.42 * len(findings) + 0.16 * len(reasons)))
-        ax.imshow(values.to_numpy(float), cmap=cmap, vmin=-0.5, vmax=len(VERDICTS) - 0.5,
+        ax.imshow(values.to_numpy(float), cmap=cmap, vmin=-0.5, vmax=len(MATRIX_VERDICTS) - 0.5,
                   aspect="auto")
         ax.set_xticks(range(len(releases)), releases, rotation=45, ha="right")
         ax.set_yticks(range(len(findings)), findings)
@@ -99,7 +127,7 @@ def figure(df: pd.DataFrame, out_dir: Path, prov: dict) -> list[Path]:
         ax.tick_params(which="minor", length=0)
         ax.set_title("each finding natively on each vLLM release (CPU, observe-only; NIXL pull "
                      "unless a ported path: host staging, ExampleConnector)")
-        ax.legend(handles=[Patch(color=COLORS[v], label=v) for v in VERDICTS],
+        ax.legend(handles=[Patch(color=COLORS[v], label=v) for v in MATRIX_VERDICTS],
                   loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         notes = "\n".join(f"{n}: {_short(w)}" for n, w in enumerate(reasons, 1))
         fig.text(0.01, -0.01, f"{SCRAPED}: counted by /metrics scrapes, one request at a time "
@@ -123,7 +151,7 @@ def write(out: Path, records: list[dict[str, Any]], command: str) -> pd.DataFram
 
 
 SHORT = {"present": "**present**", "absent": "absent", "inconclusive": "inconclusive",
-         "detector-broken": "BROKEN", "not-applicable": "n/a"}
+         "detector-broken": "BROKEN", "not-applicable": "n/a", UNCHECKED: "unchecked"}
 DOC_BEGIN, DOC_END = "<!-- findings-matrix:begin -->", "<!-- findings-matrix:end -->"
 
 
