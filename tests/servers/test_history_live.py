@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 from workbench.knobs.release import base_version, vllm_version
@@ -40,10 +41,11 @@ def test_two_releases_give_the_committed_matrix_rows_live(tmp_path):
                        capture_output=True, text=True, timeout=1700)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert f"{installed} is not run again" in p.stdout
-    lines = (out / matrix.CSV_NAME).read_text().splitlines()
-    assert lines[0] == (f"# python -m workbench releases --check --vllm {OLD},{installed} "
-                        f"--only {FINDING} --out {out} --log-dir {tmp_path / 'logs'}")
     df = matrix.frame(records_under(out))
+    written = pd.read_csv(out / matrix.CSV_NAME).set_index(["release", "finding"])
+    assert written.loc[(OLD, FINDING), "command"] == (
+        f"python -m workbench releases --check --vllm {OLD},{installed} "
+        f"--only {FINDING} --out {out} --log-dir {tmp_path / 'logs'}")
     got = df[df["finding"] == FINDING].set_index("release")
     assert list(got.index) == [OLD, installed]
     want = committed(OLD)
