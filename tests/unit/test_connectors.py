@@ -114,7 +114,14 @@ def test_expectations_per_connector(tmp_path):
                              "connectors": {"example": {"findings": {"a": "absent"}}}}))
     assert check.expectations(f, "x")[1]["findings"] == {"a": "present"}
     assert check.expectations(f, "x", "example")[1]["findings"] == {"a": "absent"}
-    assert check.expectations(f, "x", "multi")[1]["findings"] == {}  # none recorded
+    # a file given with --expect and no entry for the connector: its own findings, not none
+    assert check.expectations(f, "x", "multi")[1]["findings"] == {"a": "present"}
+    assert check.expectations(f, "x", "multi", "v2")[1]["findings"] == {"a": "present"}
+    # the committed file of a table entry: a connector it has no entry for expects nothing
+    assert check.expectations(None, "0.32.0", "nixl-push")[1]["findings"]
+    committed = json.loads((check.EXPECTED / "expected-0.33.0.json").read_text())
+    assert "connectors" not in committed
+    assert check.expectations(None, "0.33.0", "multi")[1]["findings"] == {}
 
 
 def _doc(connector: str, verdicts: dict[str, str]) -> dict:

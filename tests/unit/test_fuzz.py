@@ -282,3 +282,38 @@ def test_only_the_builds_findings_and_regressions_re_created_by_their_knob_may_e
     assert "eager-finalize-host-staged" in attribute.may_explain(
         result(finalize="eager", transfer="host-staged"))
     assert attribute.may_explain({"config": {}}) == set(FINDINGS)  # no build: every finding
+
+
+def test_a_replay_that_finds_nothing_says_so_in_its_report_title():
+    """``--replay`` of a case that now passes writes its records with a title that says the
+    trial's verdict, not an unexplained ``None``."""
+    from workbench.fuzz import failure
+
+    sc = Scenario(SHAPE, (Request((1, 2, 3), 8, 0.0, "none", True),), "pd-first", {})
+    same = Trial(sc, {"requests": []}, [oracle.Judged("r0", oracle.SAME, {})])
+    cfg = ExperimentConfig.for_profile("cpu", require_models=False)
+    text = failure.page(same, cfg, None, None)
+    assert text.startswith("# Fuzz replay: same, no unexplained difference")
+    assert "None" not in text.splitlines()[0]
+    hit = Trial(sc, {"requests": []}, [oracle.Judged("r0", oracle.UNEXPLAINED, {"drafts": {}},
+                                                     unexplained={"drafts": {}})])
+    assert failure.page(hit, cfg, None, "drafts").startswith("# Fuzz: unexplained `drafts`")
+
+
+def test_a_space_never_visits_a_shape_its_connector_cannot_take():
+    """ExampleConnector has no host staging: a space listing both connectors and both
+    transfers visits no ExampleConnector + host-staged shape (it used to die there, exit 2,
+    after spending budget); a space whose first shape is such a one is refused up front."""
+    s = Space(connector=("nixl", "example"))
+    shapes = s.shapes(0)
+    assert any(x["connector"] == "example" for x in shapes)
+    assert not any(x["connector"] == "example" and x["transfer"] == "host-staged"
+                   for x in shapes)
+    import itertools
+
+    from workbench.fuzz.space import SHAPE_FIELDS
+
+    every = list(itertools.product(*(getattr(Space(), f) for f in SHAPE_FIELDS)))
+    assert len(Space().shapes(0)) == len(every)  # the built-in space loses none
+    with pytest.raises(ConfigError, match="host-staged.*connector='example'"):
+        Space(connector=("example",), transfer=("host-staged", "direct"))

@@ -213,19 +213,22 @@ def expectations(path: Path | None, entry: str, connector: str = "nixl",
     """The expectations file (``--expect``, else the build's table entry's): ``findings``
     maps id -> verdict, ``optional`` lists the ids whose not-applicable is no difference. A
     connector other than NIXL pull has its own verdicts under ``connectors``, and Model Runner
-    V2 under ``runners``, which replace these (none recorded: every verdict is unexpected)."""
+    V2 under ``runners``, which replace these (none recorded in a committed file: every verdict
+    is unexpected; in a file given with ``--expect``: its own ``findings``)."""
     p = Path(path) if path else EXPECTED / f"expected-{entry}.json"
     if not p.is_file():
         raise ConfigError(f"--expect {p}: no such file; committed: "
                           f"{', '.join(x.name for x in sorted(EXPECTED.glob('expected-*.json')))}")
     doc = json.loads(p.read_text())
+    # a file given with --expect that has no entry for this runner or connector is read as
+    # written for it: its own ``findings`` (the committed files keep one per connector/runner)
+    own = {"optional": doc.get("optional", []),
+           "findings": doc.get("findings", {}) if path else {}}
     if runner != knob_spec.KNOBS["runner"].default:
-        return p, {"optional": doc.get("optional", []), "findings": {},
-                   **(doc.get("runners") or {}).get(runner, {})}
+        return p, {**own, **(doc.get("runners") or {}).get(runner, {})}
     if connector == kv_connector.DEFAULT:
         return p, doc
-    return p, {"optional": doc.get("optional", []), "findings": {},
-               **(doc.get("connectors") or {}).get(connector, {})}
+    return p, {**own, **(doc.get("connectors") or {}).get(connector, {})}
 
 
 def connector_base(profile: str, connector: str) -> dict:

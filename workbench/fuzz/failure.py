@@ -75,7 +75,9 @@ def request_lines(t: Trial) -> list[str]:
 def page(t: Trial, cfg: ExperimentConfig, fig: str | None, sig: str | None) -> str:
     n, tokens = t.scenario.size()
     kinds = sorted({k for j in t.judged for k in j.unexplained})
-    lines = [f"# Fuzz: unexplained `{sig}`", "",
+    title = (f"# Fuzz: unexplained `{sig}`" if sig else  # a replay that found nothing new
+             f"# Fuzz replay: {t.verdict}, no unexplained difference")
+    lines = [title, "",
              f"Smallest case found: {n} request(s), {tokens} prompt tokens, shape "
              f"`{json.dumps(t.scenario.shape, sort_keys=True)}`, fixed knobs "
              f"`{json.dumps(t.scenario.knobs, sort_keys=True)}`. Replay: `python -m workbench "

@@ -58,8 +58,8 @@ class Space:
     def shapes(self, seed: int) -> list[dict[str, Any]]:
         """Every combination of the server fields, the default first, the rest in a seeded
         order (a 20-minute run visits the first few)."""
-        combos = [_shape(dict(zip(SHAPE_FIELDS, c, strict=True)))
-                  for c in itertools.product(*(getattr(self, f) for f in SHAPE_FIELDS))]
+        combos = [shape for c in itertools.product(*(getattr(self, f) for f in SHAPE_FIELDS))
+                  if runnable(shape := _shape(dict(zip(SHAPE_FIELDS, c, strict=True)))) is None]
         rest = combos[1:]
         random.Random(seed).shuffle(rest)
         return [combos[0], *rest]
@@ -126,6 +126,10 @@ def check(s: Space) -> None:
         knob_spec.validate(dict(s.knobs))
     except ValueError as e:
         raise ConfigError(f"space field knobs: {e}") from None
+    first = _shape(dict(zip(SHAPE_FIELDS, (getattr(s, f)[0] for f in SHAPE_FIELDS),
+                            strict=True)))
+    if (why := runnable(first)) is not None:  # the as-released shape every run visits first
+        raise ConfigError(f"space: its first shape {first} cannot run: {why}")
     owned = sorted(set(s.knobs) & {"transfer", "connector", "runner", "kv_probe"})
     if owned:
         raise ConfigError(f"space field knobs: {owned} are shape fields (or the oracle's "
@@ -147,6 +151,19 @@ def on_release(s: Space, given: bool, rel) -> Space:
         raise ConfigError(f"space: {', '.join(gone)} not on vLLM {rel.version} ({rel.note}); "
                           f"allowed: runner {list(rel.runners)}")
     return replace(s, runner=runners or rel.runners[:1], padded_drafter_batch=padded)
+
+
+def runnable(shape: dict[str, Any]) -> str | None:
+    """Why a shape's connector cannot take its other fields (ExampleConnector and host
+    staging, say: ``connector.check``), or None: such a combination is never visited."""
+    from ..knobs import connector as kv_connector
+
+    try:
+        kv_connector.check({k: shape[k] for k in ("connector", "transfer") if k in shape},
+                           "cpu")
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _allowed(name: str, v: Any) -> bool:
