@@ -437,3 +437,29 @@ def test_an_own_run_control_is_never_ok(fid, which):
         seen.add(f.detect(main)[0])
         assert o.verdict == f.detect(main)[0]  # the own run decides, the control adds nothing
     assert {PRESENT, INCONCLUSIVE} <= seen
+
+
+def _capture_missing(keys):
+    def alter(r):  # the reference server kept no capture of one request's prompt
+        for key in keys:
+            r["requests"][0]["kv_probe"][key] = {
+                "identical": False, "missing": "no capture of this prompt on the reference "
+                "server", "groups_differing": [], "positions_differing": {}}
+    return alter
+
+
+@pytest.mark.parametrize(("fid", "name", "which", "keys"), [
+    ("chunked-prefill-drafter-kv", "release", "negative", ("vs_baseline",)),
+    ("prefix-cache-drafter-kv", "prefix", "negative", ("vs_p",)),
+    ("eager-finalize-host-staged", "devbuild", "main", ("vs_p",)),
+])
+def test_a_missing_capture_is_no_absence(fid, name, which, keys):
+    """A KV comparison that could not be made (its reference capture missing) used to read as
+    identical, so a record with one came out ``absent``: now ``inconclusive``, saying why."""
+    f = FINDINGS[fid]
+    r = copy.deepcopy(result(name, fid, which))
+    assert detector(f, which)(r)[0] == ABSENT  # as committed
+    _capture_missing(keys)(r)
+    v, ev = detector(f, which)(r)
+    assert v == INCONCLUSIVE and ev["comparisons_missing"] == 1, ev
+    assert "could not be made" in ev["why"]

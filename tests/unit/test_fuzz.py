@@ -119,6 +119,26 @@ def test_identical_records_are_same():
     assert oracle.judge(row(), set(), {}).verdict == oracle.SAME
 
 
+def test_a_comparison_that_could_not_be_made_is_unmeasured_never_same():
+    """Missing counts, no probe record, a probe comparison missing its reference capture:
+    each is ``unmeasured`` with why (it used to come out ``same``), and it ranks above
+    explained and below unexplained in a trial."""
+    for over, kind in (({"pd": None}, "counts"), ({"baseline": None}, "counts"),
+                       ({"kv_probe": None}, "kv"),
+                       ({"kv_probe": {"vs_p": {"identical": True}, "vs_baseline": {
+                           "missing": "no capture of this prompt on the reference server"}}},
+                        "kv_vs_baseline"),
+                       ({"kv_probe": {"vs_baseline": {"identical": True}}}, "kv_vs_p")):
+        j = oracle.judge(row(**over), set(), {})
+        assert j.verdict == oracle.UNMEASURED and kind in j.unmeasured, (over, j)
+    gap = oracle.judge(row(kv_probe=None), set(), {})
+    told = oracle.judge(row(pd=counts(drafts=5)), set(), {"padded-load-step": ("drafts",)})
+    bad = oracle.judge(row(pd_tokens=[1]), set(), {})
+    assert oracle.trial_verdict([told, gap]) == oracle.UNMEASURED
+    assert oracle.trial_verdict([gap, bad]) == oracle.UNEXPLAINED
+    assert oracle.judge(row(), set(), {}).unmeasured == {}
+
+
 def test_a_difference_the_two_baseline_runs_also_show_is_noise():
     r = row(pd_tokens=[5, 6, 8], first_diff=2)
     a = {"baseline_tokens": [5, 6, 9], "baseline": counts()}
@@ -317,3 +337,16 @@ def test_a_space_never_visits_a_shape_its_connector_cannot_take():
     assert len(Space().shapes(0)) == len(every)  # the built-in space loses none
     with pytest.raises(ConfigError, match="host-staged.*connector='example'"):
         Space(connector=("example",), transfer=("host-staged", "direct"))
+
+
+def test_an_unmeasured_trial_is_logged_and_summarised_as_such(tmp_path):
+    """``trials.jsonl`` keeps what each request could not compare, and the summary counts the
+    trial under ``unmeasured: <kind>``, not among the clean ones."""
+    book = Book.open(tmp_path, {"space": {}, "seed": 0, "attribute": True})
+    sc = Scenario(SHAPE, (Request((1, 2, 3), 8, 0.0, "none", True),), "pd-first", {})
+    gap = Trial(sc, {"requests": []}, [oracle.judge(row(kv_probe=None), set(), {})])
+    book.log(gap, 0, "generated")
+    line = json.loads((tmp_path / "trials.jsonl").read_text().splitlines()[-1])
+    assert line["verdict"] == oracle.UNMEASURED and line["unmeasured"] == {
+        "r0": {"kv": "no KV probe record for this request"}}
+    assert "| unmeasured: kv | 1 |" in book.summary()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .finding import KV_PROBE_READER, Detection, Finding, decide, differing, kv_probed
+from .finding import KV_PROBE_READER, Detection, Finding, decide, differing, gaps, kv_probed
 
 BUDGET = 64  # P's and D's token budget per step: prompts of 100+ tokens run in 2-3 chunks
 
@@ -21,8 +21,8 @@ def detect(result: dict) -> Detection:
     KV probe, with P's chunks as measured (``prefill_chunks``): KV that differs in the
     drafter's layers only, at the last position of a non-final chunk, is ``present``; KV
     identical in every layer of every request, at least one of them chunked on P, is
-    ``absent``; nothing chunked, or a difference elsewhere (a target layer, another
-    position): ``inconclusive``."""
+    ``absent``; nothing chunked, a difference elsewhere (a target layer, another position)
+    or a comparison missing: ``inconclusive``."""
     at_ends = other = chunked = 0
     seen: set[int] = set()
     for pr in kv_probed(result):
@@ -40,7 +40,9 @@ def detect(result: dict) -> Detection:
                 other, "positions": sorted(seen)[:12]}
     if not chunked:
         evidence["why"] = "nothing was chunked: no request's prefill ran in two steps on P"
-    return decide(at_ends > 0 and not other, chunked > 0 and not at_ends and not other, evidence)
+    missing = gaps([pr.get("vs_baseline") or {} for pr in kv_probed(result)], evidence)
+    return decide(at_ends > 0 and not other and not missing,
+                  chunked > 0 and not at_ends and not other and not missing, evidence)
 
 
 FINDING = Finding(

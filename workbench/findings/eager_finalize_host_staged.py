@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from .finding import KV_PROBE_READER, Detection, Finding, decide, kv_probed
+from .finding import KV_PROBE_READER, Detection, Finding, decide, gaps, kv_probed
 
 
 def detect_drafter_not_staged(result: dict) -> Detection:
     """Host staging: D's drafter KV differs from P's while every target layer is identical, in
     some request (the drafter's blocks were copied before it wrote them): ``present``; D's KV
-    equal to P's in every layer of every request: ``absent``."""
+    equal to P's in every layer of every request: ``absent``; a comparison missing: neither."""
     vs_p = [pr.get("vs_p") or {} for pr in kv_probed(result)]
     drafter_only = sum(set(c.get("groups_differing") or []) == {"drafter"} for c in vs_p)
     target = sum("target" in (c.get("groups_differing") or []) for c in vs_p)
     evidence = {"requests_probed": len(vs_p), "drafter_only_differs": drafter_only,
                 "target_differs": target, "token_agreement": result.get("token_agreement")}
-    return decide(drafter_only > 0 and not target, bool(vs_p) and not drafter_only
-                  and not target, evidence)
+    missing = gaps(vs_p, evidence)
+    return decide(drafter_only > 0 and not target and not missing, bool(vs_p)
+                  and not drafter_only and not target and not missing, evidence)
 
 
 FINDING = Finding(

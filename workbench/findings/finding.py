@@ -150,6 +150,18 @@ def tally_vs_p(result: dict[str, Any], predict: Callable[[list[int], int], set[i
     return t
 
 
+def gaps(cmps: list[dict[str, Any]], evidence: dict[str, Any]) -> int:
+    """How many of ``cmps`` (KV comparisons a detector needs) were not made (no record, or
+    the reference capture ``missing``); where any, ``evidence`` says so. A detector decides
+    nothing on them: a missing comparison is not an identical one."""
+    n = sum(not c or bool(c.get("missing")) for c in cmps)
+    if n:
+        evidence["comparisons_missing"] = n
+        evidence["why"] = (f"{n} KV comparison(s) this needs could not be made (a capture "
+                           "missing on the reference server): no verdict from them")
+    return n
+
+
 def decide(present: bool, absent: bool, evidence: dict[str, Any]) -> Detection:
     """``present`` before ``absent``; neither: ``inconclusive``."""
     return (PRESENT if present else ABSENT if absent else INCONCLUSIVE), evidence

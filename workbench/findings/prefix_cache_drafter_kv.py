@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..measuring.results import first_diff
-from .finding import KV_PROBE_READER, Detection, Finding, decide, differing, rows
+from .finding import KV_PROBE_READER, Detection, Finding, decide, differing, gaps, rows
 
 
 def prefixes(result: dict[str, Any], row: dict[str, Any]) -> list[int]:
@@ -30,7 +30,7 @@ def detect(result: dict) -> Detection:
     request that shares at least a block with an earlier one. Differing in the drafter's
     layers only, at the last slot of a block after which the two prompts part (or the earlier
     one ended), in some request and in no other way anywhere: ``present``; every request
-    identical to both, some sharing a block: ``absent``."""
+    identical to both, some sharing a block: ``absent``; a comparison missing: neither."""
     bs = int((result.get("config") or {}).get("block_size", 32))
     at_end = other = sharing = 0
     for r in rows(result, "kv_probe"):
@@ -51,8 +51,10 @@ def detect(result: dict) -> Detection:
                 "token_agreement": result.get("token_agreement")}
     if not sharing:
         evidence["why"] = "no request shares a full block with an earlier one"
-    return decide(at_end > 0 and not other, sharing > 0 and not at_end and not other,
-                  evidence)
+    missing = gaps([r["kv_probe"].get(k) or {} for r in rows(result, "kv_probe")
+                    for k in ("vs_p", "vs_baseline")], evidence)
+    return decide(at_end > 0 and not other and not missing,
+                  sharing > 0 and not at_end and not other and not missing, evidence)
 
 
 FINDING = Finding(

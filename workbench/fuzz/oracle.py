@@ -17,6 +17,9 @@ from ..measuring import kv_compare
 
 COUNTS = ("num_drafts", "num_draft_tokens", "accepted_per_pos")
 SAME, NOISE, EXPLAINED, UNEXPLAINED, ERROR = "same", "noise", "explained", "unexplained", "error"
+# A comparison the trial needed but could not make (a side's counts, the probe's record or a
+# capture missing): never read as "same".
+UNMEASURED = "unmeasured"
 
 
 def counts_differ(a: dict | None, b: dict | None) -> set[str]:
@@ -38,6 +41,26 @@ def kv_kinds(probe: dict | None) -> dict[str, list[str]]:
         cmp = (probe or {}).get(ref) or {}
         if cmp and not cmp.get("identical") and not cmp.get("missing"):
             out[kind] = sorted(cmp.get("groups_differing") or [])
+    return out
+
+
+def unmeasured(row: dict) -> dict[str, str]:
+    """What of one request could not be compared, kind -> why: D's or the baseline's counts,
+    the KV probe's record, or one of its two comparisons (a capture missing)."""
+    out = {}
+    gone = [side for side in ("pd", "baseline") if row.get(side) is None]
+    if gone:
+        out["counts"] = f"no per-request counts from {' and '.join(gone)}"
+    probe = row.get("kv_probe")
+    if probe is None:
+        out["kv"] = "no KV probe record for this request"
+        return out
+    for kind, ref in (("kv_vs_p", "vs_p"), ("kv_vs_baseline", "vs_baseline")):
+        cmp = probe.get(ref)
+        if not cmp:
+            out[kind] = f"the probe made no {ref} comparison"
+        elif cmp.get("missing"):
+            out[kind] = f"a capture is missing: {cmp['missing']}"
     return out
 
 
@@ -77,6 +100,7 @@ class Judged:
     explained: dict[str, list[str]] = field(default_factory=dict)  # finding -> kinds
     unexplained: dict[str, Any] = field(default_factory=dict)
     aborted: str | None = None
+    unmeasured: dict[str, str] = field(default_factory=dict)  # kind -> why not compared
 
 
 def judge(row: dict, noisy: set[str], explains: dict[str, tuple[str, ...]]) -> Judged:
@@ -87,9 +111,11 @@ def judge(row: dict, noisy: set[str], explains: dict[str, tuple[str, ...]]) -> J
     explained = {f: ks for f, ks in explained.items() if ks}
     covered = {k for ks in explained.values() for k in ks}
     left = {k: v for k, v in real.items() if k not in covered}
-    verdict = (UNEXPLAINED if left else EXPLAINED if explained else
+    gaps = unmeasured(row)
+    verdict = (UNEXPLAINED if left else UNMEASURED if gaps else EXPLAINED if explained else
                NOISE if diff else SAME)
-    return Judged(row["id"], verdict, diff, sorted(set(diff) & noisy), explained, left)
+    return Judged(row["id"], verdict, diff, sorted(set(diff) & noisy), explained, left,
+                  unmeasured=gaps)
 
 
 # The most upstream difference names a request's failure: KV that D loaded unlike P's comes
@@ -114,7 +140,7 @@ def signatures(judged: list[Judged]) -> list[str]:
 
 
 def trial_verdict(judged: list[Judged]) -> str:
-    """The worst request's verdict (unexplained > explained > noise > same)."""
-    order = (UNEXPLAINED, EXPLAINED, NOISE, SAME)
+    """The worst request's verdict (unexplained > unmeasured > explained > noise > same)."""
+    order = (UNEXPLAINED, UNMEASURED, EXPLAINED, NOISE, SAME)
     return next((v for v in order if any(j.verdict == v for j in judged)), SAME)
 

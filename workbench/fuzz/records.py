@@ -75,6 +75,7 @@ class Book:
                 "verdict": t.verdict, "signatures": t.signatures,
                 "explained": sorted({f for j in t.judged for f in j.explained}),
                 "noise": sorted({k for j in t.judged for k in j.noise}),
+                "unmeasured": {j.id: j.unmeasured for j in t.judged if j.unmeasured},
                 "seconds": round(t.seconds, 2), "start_seconds": round(t.start_seconds, 2),
                 "error": t.error, "scenario": t.scenario.to_dict()}
         with (self.out / "trials.jsonl").open("a") as f:
@@ -83,7 +84,9 @@ class Book:
             os.fsync(f.fileno())
         errors = ["error (a server or a request failed; trials.jsonl has each)"] if t.error \
             else []
-        for name in line["explained"] + [f"unexplained: {s}" for s in t.signatures] + errors:
+        gaps = sorted({f"unmeasured: {k}" for j in t.judged for k in j.unmeasured})
+        for name in line["explained"] + [f"unexplained: {s}" for s in t.signatures] + gaps \
+                + errors:
             self.hit(name, t)
         self.save()
 
