@@ -38,7 +38,7 @@ from workbench.fuzz import attribute, command, oracle, trial
 from workbench.fuzz.hunt import Hunt
 from workbench.fuzz.records import Book
 from workbench.fuzz.space import Space
-from workbench.provenance import atomic_write_json
+from workbench.provenance import atomic_write_json, atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
 PATCHES = REPO / "patches" / "vllm-0.32.0"
@@ -208,6 +208,46 @@ def report(doc: dict, out: Path) -> None:
               f"starts, over {r['trials']} trials")
 
 
+DOC = REPO / "docs" / "fuzz.md"  # its table between these markers, written by --report
+BEGIN, END = "<!-- power:begin -->", "<!-- power:end -->"
+
+
+def table(doc: dict, out: Path) -> str:
+    """The four figures as docs/fuzz.md shows them, from ``power.json`` and the runs' failure
+    records asked again with today's detectors (``leftover``)."""
+    rows = ["| figure | goal | measured |", "|---|---|---|"]
+    if m := (doc.get("mutation") or {}).get("mutations"):
+        only = doc["mutation"].get("attributed_to")
+        now = {name: bool(leftover(out / slug(name), only)) for name in m}
+        each = ", ".join(f"`{name}` {r['minutes_to_catch']} min" for name, r in m.items()
+                         if now[name])
+        missed = ", ".join(f"`{name}`" for name in m if not now[name]) or "none"
+        rows.append(f"| mutation score | 6 of 6, each within 5 min, shrunk to a few requests | "
+                    f"**{sum(now.values())} of {len(m)}** ({each}); missed: {missed} |")
+    if r := doc.get("rediscovery"):
+        found = ", ".join(f"`{f}` {v} min" for f, v in r["minutes_to_find"].items())
+        other = ", ".join(f"`{f}` {v} min" for f, v in r.get("other_explained", {}).items())
+        rows.append(f"| rediscovery, attribution off | all three within 20 min | {found} "
+                    f"({r['trials']} trials); also explained: {other or 'none'} |")
+    if r := doc.get("false-alarms"):
+        rows.append(f"| false alarms, patched dev build | 0 unexplained, or each investigated | "
+                    f"{len(r['unexplained'])} unexplained signature(s) "
+                    f"({', '.join(f'`{u}`' for u in r['unexplained']) or '-'}) in "
+                    f"{r['trials']} trials |")
+    if r := doc.get("throughput"):
+        rows.append(f"| throughput | at least 6 trials/min warm | {r['warm_trials_per_minute']} "
+                    f"trials/min (median trial {r['median_warm_trial_s']} s) over "
+                    f"{r['warm_trials']} warm trials; {r['start_share']:.0%} of all the time "
+                    "in server starts |")
+    return "\n".join(rows)
+
+
+def write_doc(doc: dict, out: Path) -> None:
+    text = DOC.read_text()
+    head, rest = text.split(BEGIN, 1)
+    atomic_write_text(DOC, f"{head}{BEGIN}\n{table(doc, out)}\n{END}{rest.split(END, 1)[1]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", default="mutation,rediscovery,false-alarms")
@@ -215,7 +255,8 @@ def main() -> None:
     ap.add_argument("--mutation-budget", default="5m")
     ap.add_argument("--budget", default="20m", help="rediscovery's and false alarms' budget")
     ap.add_argument("--again", action="store_true", help="rerun parts already measured")
-    ap.add_argument("--report", action="store_true", help="print the figures, run nothing")
+    ap.add_argument("--report", action="store_true",
+                    help="print the figures and write docs/fuzz.md's table; run nothing")
     args = ap.parse_args()
     out = Path(args.out)
     path = out / "power.json"
@@ -235,6 +276,7 @@ def main() -> None:
         doc["throughput"] = throughput(out)
         atomic_write_json(path, doc, indent=1, portable=True)
     report(doc, out)
+    write_doc(doc, out)
 
 
 if __name__ == "__main__":

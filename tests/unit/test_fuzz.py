@@ -350,3 +350,21 @@ def test_an_unmeasured_trial_is_logged_and_summarised_as_such(tmp_path):
     assert line["verdict"] == oracle.UNMEASURED and line["unmeasured"] == {
         "r0": {"kv": "no KV probe record for this request"}}
     assert "| unmeasured: kv | 1 |" in book.summary()
+
+
+def test_the_committed_power_table_is_what_the_benchmark_writes_from_its_records():
+    """docs/fuzz.md's power table is ``fuzz_power.py --report``'s, from ``power.json`` and the
+    runs' failure records (asked again with today's detectors), not typed in."""
+    import importlib.util
+
+    from workbench.paths import DATA, REPO
+
+    spec = importlib.util.spec_from_file_location("fuzz_power",
+                                                  REPO / "benchmarks" / "fuzz_power.py")
+    power = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(power)
+    out = DATA / "fuzz" / "power"
+    doc = json.loads((out / "power.json").read_text())
+    block = power.DOC.read_text().split(power.BEGIN, 1)[1].split(power.END, 1)[0]
+    assert block.strip() == power.table(doc, out)
+    assert "`eager-finalize-host-staged` 0.44 min" in block  # what the record says
