@@ -341,7 +341,7 @@ def test_a_space_never_visits_a_shape_its_connector_cannot_take():
 
 def test_an_unmeasured_trial_is_logged_and_summarised_as_such(tmp_path):
     """``trials.jsonl`` keeps what each request could not compare, and the summary counts the
-    trial under ``unmeasured: <kind>``, not among the clean ones."""
+    trial under ``unmeasured: <kind>``, not among the clean ones, every hit with its shape."""
     book = Book.open(tmp_path, {"space": {}, "seed": 0, "attribute": True})
     sc = Scenario(SHAPE, (Request((1, 2, 3), 8, 0.0, "none", True),), "pd-first", {})
     gap = Trial(sc, {"requests": []}, [oracle.judge(row(kv_probe=None), set(), {})])
@@ -349,7 +349,9 @@ def test_an_unmeasured_trial_is_logged_and_summarised_as_such(tmp_path):
     line = json.loads((tmp_path / "trials.jsonl").read_text().splitlines()[-1])
     assert line["verdict"] == oracle.UNMEASURED and line["unmeasured"] == {
         "r0": {"kv": "no KV probe record for this request"}}
-    assert "| unmeasured: kv | 1 |" in book.summary()
+    assert "| unmeasured: kv | 1 | 0 |" in book.summary()
+    book.log(gap, 2, "generated")  # a later hit of a known kind is counted, with its shape
+    assert "| unmeasured: kv | 2 | 0, 2 |" in book.summary()
 
 
 def test_the_committed_power_table_is_what_the_benchmark_writes_from_its_records():

@@ -29,6 +29,7 @@ class Hit:
     trials: int = 0
     first_s: float | None = None  # budget seconds spent when it first showed
     smallest: dict[str, Any] | None = None  # {"hash", "requests", "tokens"}
+    shapes: list[int] = field(default_factory=list)  # the shapes it showed on
 
 
 @dataclass
@@ -87,12 +88,14 @@ class Book:
         gaps = sorted({f"unmeasured: {k}" for j in t.judged for k in j.unmeasured})
         for name in line["explained"] + [f"unexplained: {s}" for s in t.signatures] + gaps \
                 + errors:
-            self.hit(name, t)
+            self.hit(name, t, shape)
         self.save()
 
-    def hit(self, name: str, t: Trial) -> None:
+    def hit(self, name: str, t: Trial, shape: int) -> None:
         h = self.hits.setdefault(name, Hit())
         h.trials += 1
+        if shape not in h.shapes:
+            h.shapes.append(shape)
         if h.first_s is None:
             h.first_s = round(self.spent(), 1)
         n, tokens = t.scenario.size()
@@ -104,17 +107,18 @@ class Book:
                  f"{self.trials} trials, {self.spent() / 60:.1f} min of budget spent, "
                  f"{len(self.shapes_done)} server shapes done, seed {self.run['seed']}, "
                  f"attribution {'on' if self.run['attribute'] else 'off'}.", "",
-                 "| finding or unexplained difference | trials | first hit (min) | "
-                 "smallest case (requests, prompt tokens) |", "|---|---|---|---|"]
+                 "| finding or unexplained difference | trials | shapes | first hit (min) | "
+                 "smallest case (requests, prompt tokens) |", "|---|---|---|---|---|"]
         for name, h in sorted(self.hits.items()):
             first = f"{h.first_s / 60:.1f}" if h.first_s is not None else "-"
             s = h.smallest or {}
             where = self.failures.get(name.removeprefix("unexplained: "))
             case = f"[{s.get('hash')}](failures/{where}/report.md)" if where else s.get("hash")
-            lines.append(f"| {name} | {h.trials} | {first} | {case} ({s.get('requests')}, "
-                         f"{s.get('tokens')}) |")
+            shapes = ", ".join(map(str, sorted(h.shapes))) or "-"
+            lines.append(f"| {name} | {h.trials} | {shapes} | {first} | {case} "
+                         f"({s.get('requests')}, {s.get('tokens')}) |")
         if not self.hits:
-            lines.append("| (nothing differed) | 0 | - | - |")
+            lines.append("| (nothing differed) | 0 | - | - | - |")
         return "\n".join(lines) + "\n"
 
     def write_summary(self) -> Path:
