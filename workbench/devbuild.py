@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from .knobs.release import DISTRIBUTIONS
+from .knobs.release import DEVBUILD_RECORD, DISTRIBUTIONS
 
 PLACEHOLDER_COMMIT = "0000000"  # the ``+g<commit>`` of a derived version: no real commit
 UNKNOWN_COMMIT = "unknown"  # ``__commit_id__`` of a version that names no commit
@@ -92,9 +93,9 @@ def _version_file(version: str, commit: str) -> str:
             f"__commit_id__ = commit_id = {commit!r}\n")
 
 
-def _dist_info(out: Path, dist: metadata.Distribution, version: str) -> None:
+def _dist_info(out: Path, dist: metadata.Distribution, version: str) -> Path:
     """A copy of the installed ``dist-info`` under the new version (RECORD left out: it lists
-    the installed files' hashes)."""
+    the installed files' hashes); returns its directory."""
     name = dist.metadata["Name"].replace("-", "_")
     target = out / f"{name}-{version}.dist-info"
     target.mkdir()
@@ -104,6 +105,7 @@ def _dist_info(out: Path, dist: metadata.Distribution, version: str) -> None:
             if f.name == "METADATA":
                 text = re.sub(r"^Version: .*$", f"Version: {version}", text, count=1, flags=re.M)
             (target / f.name).write_text(text)
+    return target
 
 
 def apply_patch(out: Path, patch: Path) -> list[str]:
@@ -141,9 +143,13 @@ def _lay_out(out: Path, version: str, patches: Iterable[Path], commit: str) -> N
     shutil.rmtree(out / "vllm" / "__pycache__", ignore_errors=True)
     (out / "vllm" / "_version.py").unlink()
     (out / "vllm" / "_version.py").write_text(_version_file(version, commit))
-    _dist_info(out, dist, version)
+    info = _dist_info(out, dist, version)
+    applied = []
     for p in patches:
         apply_patch(out, Path(p))
+        applied.append(Path(p).name)
+    # which patches this build carries, so a result says it (``release.devbuild_patches``)
+    (info / DEVBUILD_RECORD).write_text(json.dumps({"patches": applied}) + "\n")
 
 
 def make(out: Path, version: str | None = None, patches: Iterable[Path] = (),

@@ -123,3 +123,25 @@ def test_the_module_stays_callable():
     p = subprocess.run([sys.executable, "-m", "workbench.devbuild", "--help"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "--version" in p.stdout and "next dev version" in p.stdout
+
+
+def test_a_dev_build_says_which_patches_it_carries(tmp_path):
+    """The dist-info of a dev build names its patches (a release's names none), so every
+    result made on it records them (``vllm_build.patches``) and the fuzzer's attribution lets
+    no patched finding explain a difference there."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from workbench.knobs import release
+
+    out = devbuild.make(tmp_path / "dev", patches=[PATCHES / "padded-load-step.patch"])
+    (dist,) = metadata.distributions(path=[str(out)])
+    assert json.loads(dist.read_text(release.DEVBUILD_RECORD)) == {
+        "patches": ["padded-load-step.patch"]}
+    assert release.devbuild_patches() == []  # the installed release carries none
+    got = subprocess.run([sys.executable, "-c", "from workbench.knobs import release; "
+                          "print(release.devbuild_patches())"], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(out)})
+    assert got.stdout.strip() == "['padded-load-step.patch']"

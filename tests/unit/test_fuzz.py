@@ -174,7 +174,8 @@ def test_the_signature_is_the_most_upstream_difference_with_its_groups():
 def test_attribution_uses_the_findings_own_detector_on_one_request():
     pd = counts(drafts=5)
     r = row(pd=pd, extra_pd_drafts=1, pd_spec={"per_step_accepted": [0, 3, 2, 1, 1]})
-    found = attribute.present_in({"config": {"profile": "cpu", "knobs": {"connector": "nixl"}}}, r)
+    found = attribute.present_in({"vllm_release": "0.32.0", "config": {
+        "profile": "cpu", "knobs": {"connector": "nixl"}}}, r)
     assert found == {"padded-load-step": ("drafts",)}
     r["pd_spec"] = {"per_step_accepted": [2, 3, 2, 1, 1]}  # D accepted at its first step
     assert "padded-load-step" not in attribute.present_in({"config": {}}, r)
@@ -282,7 +283,8 @@ def test_attribution_keeps_the_earlier_requests_prompts_for_a_detector_that_need
          "kv_probe": {"vs_p": same, "vs_baseline": same}, "extra_pd_drafts": 0}
     b = {"id": "r1", "prompt_token_ids": list(range(3, 35)) + [7] * 32, "prompt_len": 64,
          "kv_probe": {"vs_p": stale, "vs_baseline": same}, "extra_pd_drafts": 0}
-    result = {"config": {"profile": "cpu", "block_size": 32, "knobs": {"connector": "nixl"}},
+    result = {"vllm_release": "0.32.0",
+              "config": {"profile": "cpu", "block_size": 32, "knobs": {"connector": "nixl"}},
               "requests": [a, b]}
     assert "prefix-cache-drafter-kv" in attribute.present_in(result, b)
     assert attribute.present_in(result, a) == {}
@@ -301,7 +303,36 @@ def test_only_the_builds_findings_and_regressions_re_created_by_their_knob_may_e
     assert "eager-finalize-host-staged" not in attribute.may_explain(result(finalize="eager"))
     assert "eager-finalize-host-staged" in attribute.may_explain(
         result(finalize="eager", transfer="host-staged"))
-    assert attribute.may_explain({"config": {}}) == set(FINDINGS)  # no build: every finding
+    assert attribute.may_explain({"config": {}}) == set()  # no build: none may hide news
+
+
+def test_attribution_cannot_hide_news():
+    """A dev build's patched findings are absent there and explain nothing (the false-alarm
+    run's attribution said otherwise); a finding never explains in its negative control's
+    shape; a finding explains only the kinds it names; a table entry whose expectations file
+    is missing stops the run instead of letting every finding explain."""
+    dev = {"vllm_release": "0.32.0", "config": {"knobs": {}},
+           "vllm_build": {"patches": ["chunked-prefill-drafter-kv.patch",
+                                      "host-buffer-chunk-boundary.patch"]}}
+    left = attribute.may_explain(dev)
+    assert not left & {"chunked-prefill-drafter-kv", "host-buffer-chunk-boundary"}
+    assert "padded-load-step" in left
+    chunked = FINDINGS["chunked-prefill-drafter-kv"]
+    assert attribute.in_negative_shape(chunked, {"padded_drafter_batch": False, "knobs": {}})
+    assert not attribute.applies(chunked, {"profile": "cpu", "padded_drafter_batch": False,
+                                           "knobs": {"connector": "nixl"}})
+    assert attribute.applies(chunked, {"profile": "cpu", "padded_drafter_batch": True,
+                                       "knobs": {"connector": "nixl"}})
+    gated = {"profile": "cpu", "knobs": {"connector": "nixl", "load_step": "gated-async"}}
+    assert not attribute.applies(FINDINGS["padded-load-step"], gated)
+    from workbench.findings.finding import Finding
+
+    assert Finding.__dataclass_fields__["explains"].default == ()
+    # each names what it accounts for; the forward thread's affinity accounts for no difference
+    assert {i for i, f in FINDINGS.items() if not f.explains} == {"nixl-cpu-forward-thread"}
+    attribute.expected.cache_clear()
+    with pytest.raises(ConfigError, match="expected-0.99.0.json"):
+        attribute.may_explain({"vllm_release": "0.99.0", "config": {}})
 
 
 def test_a_replay_that_finds_nothing_says_so_in_its_report_title():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .finding import KV_PROBE_READER, Detection, Finding, decide, tally_vs_p
+from .finding import DIFFERENCES, KV_PROBE_READER, Detection, Finding, decide, tally_vs_p
 from .host_buffer_chunk_boundary import lookahead
 
 BUDGET = 96  # P's token budget: the indomain prompts of 129-160 tokens store 128 positions
@@ -83,4 +83,5 @@ FINDING = Finding(
               "under load, 32 in flight, with vLLM's default budget)",),
     **KV_PROBE_READER,
     symptom="tokens",
+    explains=DIFFERENCES,  # D loads KV P never computed: every comparison downstream of it
 )

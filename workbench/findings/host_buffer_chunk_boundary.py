@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .finding import KV_PROBE_READER, Detection, Finding, decide, tally_vs_p
+from .finding import DIFFERENCES, KV_PROBE_READER, Detection, Finding, decide, tally_vs_p
 
 BUDGET = 64  # P's token budget per step: boundaries on block multiples (block size 32)
 
@@ -91,4 +91,5 @@ FINDING = Finding(
     fix="patches/vllm-0.32.0/host-buffer-chunk-boundary.patch",
     **KV_PROBE_READER,
     symptom="tokens",
+    explains=DIFFERENCES,  # KV lost in every layer on D: every comparison downstream of it
 )

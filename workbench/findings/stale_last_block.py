@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .finding import ABSENT, INCONCLUSIVE, PRESENT, Detection, Finding, rows
+from .finding import ABSENT, DIFFERENCES, INCONCLUSIVE, PRESENT, Detection, Finding, rows
 
 
 def detect_last_block(result: dict) -> Detection:
@@ -32,4 +32,5 @@ FINDING = Finding(
                         "prefill_lookahead": "0"}},
     measured=("D's output and per-position counts against the baseline's on primed prompts",),
     symptom="tokens",
+    explains=DIFFERENCES,  # a block of another request's KV on D: every comparison downstream of it
 )

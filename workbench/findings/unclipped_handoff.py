@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .finding import ABSENT, INCONCLUSIVE, PRESENT, Detection, Finding, rows
+from .finding import ABSENT, DIFFERENCES, INCONCLUSIVE, PRESENT, Detection, Finding, rows
 
 
 def _blocks(n: int, bs: int) -> int:
@@ -42,4 +42,5 @@ FINDING = Finding(
     measured=("blocks P handed per request (kv_transfer_params.remote_block_ids) against the "
               "prompt's blocks", "D's output and per-position counts against the baseline's"),
     symptom="tokens",
+    explains=DIFFERENCES,  # the whole block mapping shifted on D: every comparison downstream of it
 )

@@ -2,27 +2,42 @@
 about a result narrowed to that one request (the detectors read ``result.json`` rows, so
 one row is a result they can judge).
 
-Only the findings the build has may explain (its expectations say ``present``), and a
-regression the build must not have (``absent``) only where the knob that re-creates it (its
-positive control's) is in force: a regression's detector that fires anywhere else is news,
-not an explanation (two detectors can read the same shape of difference).
+Only the findings the build has may explain (its expectations say ``present``; a dev build's
+patched findings are ``absent``), and a regression the build must not have (``absent``) only
+where the knob that re-creates it (its positive control's) is in force: a regression's
+detector that fires anywhere else is news, not an explanation (two detectors can read the
+same shape of difference). A finding never explains in its negative control's shape, and a
+build with no expectations lets none explain.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError
 from ..findings import FINDINGS, check
 from ..findings.finding import ABSENT, PRESENT, Finding
 
 
 def applies(f: Finding, config: dict[str, Any]) -> bool:
+    """``f``'s profile and connector, and not its negative control's shape: where that
+    control's settings are all in force the finding must be absent, so it explains nothing."""
     knobs = config.get("knobs") or {}
     return ((not f.profiles or config.get("profile") in f.profiles)
-            and (not f.connectors or knobs.get("connector") in f.connectors))
+            and (not f.connectors or knobs.get("connector") in f.connectors)
+            and not in_negative_shape(f, config))
+
+
+def in_negative_shape(f: Finding, config: dict[str, Any]) -> bool:
+    """Every setting of ``f``'s negative control in force in ``config`` (a run's config)."""
+    neg = f.negative or {}
+    if not neg:
+        return False
+    knobs = config.get("knobs") or {}
+    return (all(knobs.get(k) == v for k, v in (neg.get("knobs") or {}).items())
+            and all(config.get(k) == v for k, v in neg.items() if k != "knobs"))
 
 
 # What the other requests keep in a one-request result: who they are and what they sent, for
@@ -41,11 +56,9 @@ def narrowed(result: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def expected(entry: str | None) -> dict[str, str]:
-    """The committed verdicts of a build's table entry (none: every finding may explain)."""
-    try:
-        return check.expectations(None, entry)[1].get("findings", {}) if entry else {}
-    except ConfigError:
-        return {}
+    """The committed verdicts of a build's table entry (none without one: no finding may
+    explain). A table entry without its expectations file stops the run (ConfigError)."""
+    return check.expectations(None, entry)[1].get("findings", {}) if entry else {}
 
 
 def re_created(f: Finding, knobs: dict[str, str]) -> bool:
@@ -55,11 +68,12 @@ def re_created(f: Finding, knobs: dict[str, str]) -> bool:
 
 
 def may_explain(result: dict[str, Any]) -> set[str]:
-    """The findings that may explain a difference in ``result`` (see the module's doc)."""
-    verdicts = expected(result.get("vllm_release"))
+    """The findings that may explain a difference in ``result`` (see the module's doc): on a
+    build that fixed a finding (a dev build's ``patches``), that finding is absent."""
+    fixed = {Path(p).stem for p in (result.get("vllm_build") or {}).get("patches") or ()}
+    verdicts = {**expected(result.get("vllm_release")), **dict.fromkeys(fixed, ABSENT)}
     knobs = (result.get("config") or {}).get("knobs") or {}
-    return {f.id for f in FINDINGS.values() if not verdicts
-            or verdicts.get(f.id) == PRESENT
+    return {f.id for f in FINDINGS.values() if verdicts.get(f.id) == PRESENT
             or (verdicts.get(f.id) == ABSENT and re_created(f, knobs))}
 
 

@@ -48,6 +48,8 @@ class Build:
         out.pop("per_set")
         if (parts := release.assembled()) is not None:
             out["assembled"] = parts
+        if patches := release.devbuild_patches():
+            out["patches"] = patches  # a dev build's: the fuzzer's attribution reads them
         return out
 
     def table(self) -> list[str]:

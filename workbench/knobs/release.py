@@ -137,6 +137,19 @@ def vllm_version() -> str:
 
 
 ASSEMBLED_RECORD = "vllm_build.json"  # in an environment ``releases/assemble.py`` built
+DEVBUILD_RECORD = "workbench_devbuild.json"  # in a dev build's dist-info (``devbuild.py``)
+
+
+def devbuild_patches() -> list[str]:
+    """The patches the installed vLLM build carries (a dev build of ``workbench devbuild``;
+    none for a release), from its dist-info."""
+    for dist in DISTRIBUTIONS:
+        try:
+            text = metadata.distribution(dist).read_text(DEVBUILD_RECORD)
+        except metadata.PackageNotFoundError:
+            continue
+        return json.loads(text)["patches"] if text else []
+    return []
 
 
 def assembled(prefix: str | Path | None = None) -> dict | None:
