@@ -255,3 +255,34 @@ def test_cpu_pin_reads_vllms_bind_lists_and_names_nothing_for_auto():
     assert parse_cpus("0,2,4-5") == {0, 2, 4, 5}
     for nothing in ("auto", "nobind", "", "0-x", "1,,"):
         assert parse_cpus(nothing) is None, nothing
+
+
+def test_in_force_waits_until_every_process_wrote_its_events_after_the_ask(tmp_path,
+                                                                           monkeypatch):
+    """The flaky ``load_step`` count (3 of 8 under load): events counted in a vLLM process
+    reach its state file only when its control thread runs, which a busy machine can starve;
+    ``FileChannel.in_force`` now asks every process to write its state once more (a nonce) and
+    reads only then: the counts are complete, or it says which process did not answer."""
+    import threading
+
+    from workbench.serving.channels import FileChannel
+
+    ctl, sdir = tmp_path / "knobs.json", tmp_path / "state"
+    sdir.mkdir()
+    monkeypatch.setenv(spec.ENV_CONTROL_FILE, str(ctl))
+    monkeypatch.setenv(spec.ENV_STATE_DIR, str(sdir))
+    monkeypatch.setenv(spec.ENV_ROLE, "d")
+    monkeypatch.setattr("workbench.knobs.component.vllm_version", lambda: "0.32.0")
+    comp = component.Component("engine_core", object())  # no control thread: "starved"
+    comp.write_state()
+    for _ in range(8):
+        comp.bump("load_step", "load_steps")
+    assert channel.read_states(sdir)[0]["events"] == {}  # what a read used to see
+    ch = FileChannel(ctl, sdir)
+    with pytest.raises(TimeoutError, match="d engine_core pid"):
+        ch.in_force({"d": None}, timeout=0.3)
+    late = threading.Timer(0.3, comp._poll_once)  # the thread runs at last
+    late.start()
+    got = ch.in_force({"d": None}, timeout=10)
+    late.join()
+    assert got["d"]["components"]["engine_core"]["events"]["load_step"]["load_steps"] == 8

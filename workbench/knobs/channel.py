@@ -36,6 +36,10 @@ from . import spec
 POLL_S = 0.05
 
 
+# Written by the workbench before it reads the events of a run (``FileChannel.in_force``): each
+# process writes its state once more, with the nonce, so no count is read before it landed.
+FLUSH_REQUEST = "flush-request.json"
+
 def write_control(path: str | os.PathLike, version: int, knobs: dict[str, str], seed: int) -> dict:
     """Validate ``knobs`` (defaults filled in) and write the control file atomically.
 

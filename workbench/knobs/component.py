@@ -23,10 +23,11 @@ from typing import Any
 
 from ..provenance import atomic_write_json
 from . import _patch, spec
-from .channel import POLL_S, read_control
+from .channel import FLUSH_REQUEST, POLL_S, read_control
 from .release import vllm_version
 
 EVENT_FLUSH_S = 0.2
+
 
 _registry_lock = threading.Lock()
 _components: dict[str, Component] = {}
@@ -146,6 +147,7 @@ class Component(Events):
         self.errors: list[str] = []
         self.unreachable: dict[str, str] = {}
         self._last_flush = 0.0
+        self._flushed_for: str | None = None  # the last flush request this state answers
         self._sig: tuple | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -181,7 +183,7 @@ class Component(Events):
                 "errors": list(self.errors), "unreachable": dict(self.unreachable),
                 "refused": dict(_refused),
                 "info": dict(self.info), "control_file": self.control_path,
-                "updated_at": time.time(),
+                "updated_at": time.time(), "flushed_for": self._flushed_for,
             }
 
     def write_state(self) -> None:
@@ -293,8 +295,19 @@ class Component(Events):
             self._sig = sig
             if doc.get("version") != self.version:
                 self.apply(doc)
-        if self.dirty and time.monotonic() - self._last_flush >= EVENT_FLUSH_S:
+        asked = self._flush_asked()
+        if asked is not None and asked != self._flushed_for:
+            self._flushed_for = asked  # every event counted so far, on disk now
             self.write_state()
+        elif self.dirty and time.monotonic() - self._last_flush >= EVENT_FLUSH_S:
+            self.write_state()
+
+    def _flush_asked(self) -> str | None:
+        """The nonce of the workbench's flush request (``FLUSH_REQUEST``), if one is there."""
+        if not self.state_dir:
+            return None
+        doc = read_control(str(Path(self.state_dir) / FLUSH_REQUEST))
+        return doc.get("nonce") if isinstance(doc, dict) else None
 
     def _loop(self) -> None:
         while not self._stop.wait(POLL_S):

@@ -116,6 +116,27 @@ class FileChannel(KnobChannel):
     def read_states(self, servers: dict[str, Any]) -> list[dict]:
         return channel.read_states(self.state_dir)
 
+    def in_force(self, servers: dict[str, Any], timeout: float = ACK_TIMEOUT_S
+                 ) -> dict[str, Any]:
+        """Every plugin process's state once each has written it again after this call (a
+        flush request with a nonce): a busy machine may starve the thread that writes a
+        process's events, and counts read before it ran would be short."""
+        nonce = f"{os.getpid()}-{time.monotonic_ns()}"
+        atomic_write_json(self.state_dir / channel.FLUSH_REQUEST, {"nonce": nonce})
+        deadline = time.monotonic() + timeout
+        while True:
+            states = [s for s in self.read_states(servers) if s.get("role") in servers]
+            stale = [f"{s['role']} {s['component']} pid {s['pid']}" for s in states
+                     if s.get("flushed_for") != nonce]
+            if not stale:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"in force: {', '.join(stale)} did not write their state "
+                                   f"within {timeout:.0f} s of the flush request")
+            time.sleep(0.05)
+        return {role: channel.merge_role([s for s in states if s.get("role") == role])
+                for role in servers}
+
     def kv_probe(self, servers: dict[str, Any], request: dict,
                  timeout: float = ACK_TIMEOUT_S) -> list[dict]:
         """A request file in the state directory; each worker answers with a file of its own."""
