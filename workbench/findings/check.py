@@ -408,7 +408,7 @@ def run(only: str | None, out: str | Path, *, expect: str | None = None,
     expect_file, expected = expectations(expect, b.table_entry, connector, runner)
     order, uses, skipped = plan(findings, base, bool(urls),
                                 lambda cfg: build.refusal(b, cfg.knobs)
-                                or build.lacking(b, cfg))
+                                or build.lacking(b.table_entry, cfg))
     session = (experiment.Session.attach(urls, knobs_file=knobs_file, state_dir=state_dir)
                if urls else experiment.Session(log_dir))
     t0 = time.monotonic()
@@ -438,14 +438,11 @@ def load(out: str | Path) -> Checked:
 
 def removed_by(build: dict, cfg: ExperimentConfig) -> str | None:
     """What the recorded build's release removed that ``cfg`` asks for (``build.lacking``)."""
-    from types import SimpleNamespace
-
     from ..knobs import build as knob_build
     from ..knobs.release import RELEASES
 
     entry = build.get("table_entry")
-    return knob_build.lacking(SimpleNamespace(table_entry=entry), cfg) if entry in RELEASES \
-        else None
+    return knob_build.lacking(entry, cfg) if entry in RELEASES else None
 
 
 def rejudge(out: str | Path, report: str | Path | None = None) -> Checked:

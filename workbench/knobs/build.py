@@ -172,10 +172,10 @@ def say_once(build: Build) -> None:
         print(f"workbench: {build.summary()}", file=sys.stderr, flush=True)
 
 
-def lacking(build: Build, cfg) -> str | None:
-    """Why ``build``'s release cannot run ``cfg`` (an ``ExperimentConfig``): a setting it
-    removed (``Release.removed``), or None."""
-    gone = release.RELEASES[build.table_entry].lacks(cfg)
+def lacking(entry: str, cfg) -> str | None:
+    """Why the release of table entry ``entry`` cannot run ``cfg`` (an ``ExperimentConfig``):
+    a setting it removed (``Release.removed``), or None."""
+    gone = release.RELEASES[entry].lacks(cfg)
     return "; ".join(f"{k} refused, {why}" for k, why in gone.items()) or None
 
 

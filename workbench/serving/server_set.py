@@ -31,7 +31,7 @@ def check_vllm_release(knobs: dict[str, str] | None = None, cfg=None) -> build.B
     build.say_once(b)
     if (why := build.refusal(b, knobs or {})) is not None:
         raise ConfigError(why)
-    if cfg is not None and (why := build.lacking(b, cfg)) is not None:
+    if cfg is not None and (why := build.lacking(b.table_entry, cfg)) is not None:
         raise ConfigError(f"vLLM {b.version}: {why}")
     return b
 
