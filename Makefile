@@ -9,17 +9,25 @@ STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases release-env check check-devbuild connectors check-connectors check-runners runner-cost runner-handoff fuzz fuzz-power history
+.PHONY: setup install test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases release-env check check-devbuild connectors check-connectors check-runners runner-cost runner-handoff fuzz fuzz-power history
 
-setup: $(STAMP)
+# The stamp holds a hash of what the install reads, not a time: a fresh clone of an installed
+# tree (every file newer than the stamp) installs nothing, a changed lock installs again.
+INSTALL_INPUTS := requirements/cpu.txt requirements/dev.txt pyproject.toml
+INSTALL_HASH = $(shell cat $(INSTALL_INPUTS) | sha256sum | cut -d' ' -f1)
 
-$(STAMP): requirements/cpu.txt requirements/dev.txt pyproject.toml
+setup:
+	@if [ -x $(PY) ] && [ "$$(cat $(STAMP) 2>/dev/null)" = "$(INSTALL_HASH)" ]; then \
+		echo "$(VENV) is installed from these requirements (stamp $(STAMP))"; \
+	else $(MAKE) --no-print-directory install; fi
+
+install:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --no-deps $(PIP_EXTRA) -r requirements/cpu.txt -r requirements/dev.txt
 	$(PY) -m pip install --no-deps --no-build-isolation -e .
 	$(PY) -c "import vllm, nixl, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__)"
-	touch $@
+	echo "$(INSTALL_HASH)" > $(STAMP)
 
 test: setup lint
 	$(PY) -m pytest -v --timeout=600 --durations=20 -m "not browser and not devbuild" $(PYTEST_ARGS) tests

@@ -291,7 +291,8 @@ def probe_kv(channel: channels.KnobChannel, servers: dict[str, Any], result: Res
              rows: list[dict], plist: list) -> None:
     """Each request's KV against P and the baseline (``kv_compare``), and the probe's cost."""
     probes, cost = kv_compare.collect(lambda req: channel.kv_probe(servers, req),
-                                      [prompt_key(p.token_ids) for p in plist])
+                                      [(r["id"], prompt_key(p.token_ids))
+                                       for r, p in zip(rows, plist, strict=True)])
     for row, pr in zip(rows, probes, strict=True):
         row["kv_probe"] = pr
     result.kv_probe_summary = {**kv_compare.summary(rows), "cost": cost}

@@ -47,10 +47,13 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 def portable_text(text: str, root: str | os.PathLike = REPO) -> str:
     """``text`` with the repository's absolute path (``root``) taken out: ``ROOT/x`` -> ``x``,
-    ``ROOT`` alone -> ``.``; a record then reads the same in a clone anywhere."""
+    ``ROOT`` alone -> ``.``; a record then reads the same in a clone anywhere. A session's
+    temporary run directory (``workbench-*`` under the system's) reads ``RUN_DIR``."""
     root = re.escape(str(root).rstrip("/"))
     text = re.sub(root + "/", "", text)
-    return re.sub(root + r"(?![\w.-])", ".", text)
+    text = re.sub(root + r"(?![\w.-])", ".", text)
+    return re.sub(re.escape(tempfile.gettempdir().rstrip("/")) + r"/workbench-[\w-]+",
+                  "RUN_DIR", text)
 
 
 def atomic_write_json(path: str | os.PathLike, data: Any, *, indent: int = 1,

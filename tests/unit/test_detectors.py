@@ -20,6 +20,7 @@ from workbench.findings.finding import (
     BROKEN,
     CONTROL_BAD,
     CONTROL_OK,
+    FAILED,
     INCONCLUSIVE,
     OWN_RUN,
     PRESENT,
@@ -100,7 +101,8 @@ def recorded(e: dict, which: str) -> tuple[str | None, dict]:
 
 def judged(e: dict) -> bool:
     """Whether a committed verdict came from its runs: not ``not-applicable`` (no run), not
-    ``inconclusive`` because a run failed (a dead server: its partial result says nothing)."""
+    ``run-failed`` (or, in older records, ``inconclusive``) because a run failed (a dead
+    server: its partial result says nothing)."""
     return e["verdict"] != "not-applicable" and "run failed" not in str(
         e["evidence"].get("why", ""))
 
@@ -345,11 +347,11 @@ CONTROLLED = [(f.id, w) for f in FINDINGS.values() for w in check.CONTROLS
 
 
 @pytest.mark.parametrize(("fid", "which"), CONTROLLED)
-def test_a_failed_control_run_makes_the_verdict_inconclusive_not_broken(fid, which):
+def test_a_failed_control_run_makes_the_verdict_run_failed_not_broken(fid, which):
     f, e = FINDINGS[fid], entry(HOME[fid], fid)
     runs = {**records_of(fid), which: None}
     o = check.judge(f, runs, e["expected"], 1.0, [], {which: "ServerError: D exited (rc -9)"})
-    assert o.verdict == INCONCLUSIVE and not o.ok
+    assert o.verdict == FAILED and not o.ok
     assert o.controls[which] == {"verdict": None, "ok": None, "status": RUN_FAILED,
                                  "why": "control run failed: ServerError: D exited (rc -9)"}
     assert o.evidence["why"] == "control run failed: ServerError: D exited (rc -9)"
@@ -358,7 +360,7 @@ def test_a_failed_control_run_makes_the_verdict_inconclusive_not_broken(fid, whi
             assert c["status"] == (OWN_RUN if own_run(f, other) else CONTROL_OK)
     # no reason given: it still says the control's run failed
     bare = check.judge(f, runs, e["expected"], 1.0, [])
-    assert bare.verdict == INCONCLUSIVE
+    assert bare.verdict == FAILED
     assert bare.evidence["why"] == "control run failed: no result"
 
 
@@ -371,18 +373,20 @@ def test_a_failed_control_run_reaches_check_json_through_the_planned_runs():
                           paths={main: "runs/main/result.json", neg: "runs/neg/result.json"},
                           failed={neg: "RuntimeError: NIXL handshake timed out"})
     (o,) = check.outcomes([f], uses, {}, done, {"findings": {f.id: PRESENT}})
-    assert (o.verdict, o.ok, o.seconds) == (INCONCLUSIVE, False, 35.0)
+    assert (o.verdict, o.ok, o.seconds) == (FAILED, False, 35.0)
     assert "control run failed: RuntimeError: NIXL handshake timed out" in o.evidence["why"]
     assert o.controls["negative"]["status"] == RUN_FAILED
     assert o.controls["positive"]["status"] == OWN_RUN
     assert "negative run failed" in check.controls_line(o.controls)
 
 
-def test_a_failed_main_run_is_inconclusive_with_why():
+def test_a_failed_main_run_is_run_failed_with_why_and_no_inconclusive_expectation_passes_it():
+    """A dead D measured nothing: an expectation of ``inconclusive`` (the detector's answer
+    to data it could not read) must not pass it."""
     f = FINDINGS["unclipped-handoff"]
-    o = check.judge(f, {**records_of(f.id), "main": None}, ABSENT, 1.0, [],
+    o = check.judge(f, {**records_of(f.id), "main": None}, INCONCLUSIVE, 1.0, [],
                     {"main": "TimeoutError: no answer in 300 s"})
-    assert o.verdict == INCONCLUSIVE
+    assert o.verdict == FAILED and not o.ok
     assert o.evidence["why"] == "its run failed: TimeoutError: no answer in 300 s"
 
 

@@ -167,8 +167,29 @@ def test_the_signature_is_the_most_upstream_difference_with_its_groups():
     assert sorted(j.unexplained) == ["accepts", "kv_vs_p", "tokens"]
     assert oracle.signature(j) == "kv_vs_p:drafter+target"
     drafts = oracle.judge(row(pd=counts(drafts=5)), set(), {})
-    assert oracle.signatures([j, drafts, j]) == ["drafts", "kv_vs_p:drafter+target"]
+    assert oracle.signatures([j, drafts, j]) == ["drafts:more", "kv_vs_p:drafter+target"]
     assert oracle.trial_verdict([oracle.judge(row(), set(), {}), j]) == oracle.UNEXPLAINED
+
+
+def test_a_probe_that_failed_anywhere_leaves_every_requests_kv_unmeasured():
+    """Equal digests from a probe whose step hook raised are no evidence of equal KV."""
+    j = oracle.judge(row(), set(), {}, ["before_step: KeyError: 'r3'"])
+    assert j.verdict == oracle.UNMEASURED
+    assert j.unmeasured == {"kv_probe_errors": "before_step: KeyError: 'r3'"}
+
+
+@pytest.mark.parametrize("over,sig", [
+    ({"pd_tokens": [9, 6, 7], "first_diff": 0}, "tokens:first"),
+    ({"pd_tokens": [5, 6, 9], "first_diff": 2}, "tokens:later"),
+    ({"pd": counts(accepted=(3, 3, 1))}, "accepts:more"),
+    ({"pd": counts(accepted=(2, 2, 1))}, "accepts:fewer"),
+    ({"pd": counts(accepted=(4, 1, 1))}, "accepts:mixed"),
+    ({"pd": counts(drafts=3)}, "drafts:fewer"),
+])
+def test_a_signature_carries_its_detail_position_and_direction(over, sig):
+    """D's tokens off at the first token are another failure than later ones; D accepting
+    more than the baseline is another than accepting fewer."""
+    assert oracle.signature(oracle.judge(row(**over), set(), {})) == sig
 
 
 def test_attribution_uses_the_findings_own_detector_on_one_request():
@@ -251,19 +272,6 @@ def test_a_case_round_trips_through_json_with_its_hash():
 def test_a_file_that_is_not_a_case_is_refused():
     with pytest.raises(ConfigError, match="not a fuzz case"):
         Scenario.from_dict({"shape": {}})
-
-
-def test_a_trial_that_failed_is_recorded_as_an_error_not_a_finding(tmp_path):
-    space = Space(shape_trials=3, budget_p=(None,), budget_d=(None,), k_p=(1,),
-                  block_size=(32,), kv_cache_mib=(256,), padded_drafter_batch=(True,),
-                  transfer=("direct",))
-    book = Book.open(tmp_path, {"space": space.to_dict(), "seed": 0, "attribute": True})
-    Hunt(book, space, lambda sc: Trial(sc, {}, error="servers: D exited"), None, 600,
-         pool=POOL).go()
-    assert book.failures == {} and book.trials == 3
-    assert book.hits["error (a server or a request failed; trials.jsonl has each)"].trials == 3
-    line = json.loads((tmp_path / "trials.jsonl").read_text().splitlines()[0])
-    assert line["verdict"] == "error" and line["error"] == "servers: D exited"
 
 
 def test_a_space_longer_than_the_servers_model_length_is_refused_before_any_start():

@@ -214,7 +214,7 @@ def test_a_left_out_control_decides_nothing_and_says_why():
     assert scraped.verdict == "inconclusive"  # an accepted extra draft is not the padding
     assert scraped.evidence["d_accepted_as_baseline"] == 0
     failed = history.judge(f, p, {"main": None}, {"main": "ServerError: gone"}, 1.0, [])
-    assert failed.verdict == "inconclusive" and "gone" in failed.evidence["why"]
+    assert failed.verdict == "run-failed" and "gone" in failed.evidence["why"]
 
 
 def _record(release: str, verdicts: dict[str, str], why: str | None = None) -> dict:

@@ -143,6 +143,59 @@ def _item(key, layer, blocks, arr):
             "data": base64.b64encode(a.tobytes()).decode()}
 
 
+def vllm_id(role: str, row: str) -> str:
+    """vLLM's request id for the workbench's ``X-Request-Id`` (``cmpl-<id>-0-<random>``)."""
+    side = "base" if role == "baseline" else "pd"
+    return f"cmpl-wb3-{side}-{row}-0-{abs(hash((role, row))) % 16**8:08x}"
+
+
+def server(asked: list, recs: dict, src: dict):
+    """Every server's probe: ``recs`` role -> its record(s), ``src`` role -> the slots a
+    fetch of one of its request ids returns (the others are missing there, as on a worker)."""
+    def ask(req):
+        asked.append(req)
+        mine = {r: v if isinstance(v, list) else [v] for r, v in recs.items()}
+        if req["op"] == "records":
+            return [{"role": r, "records": v, "capture_s": 0.01} for r, v in mine.items()]
+        if req["op"] == "fetch":
+            return [{"role": r, "items": [
+                _item(it["key"], it["layer"], it["blocks"],
+                      (src[r][it["key"]] if isinstance(src[r], dict) else src[r])[
+                          list(GROUPS).index(it["layer"]), it["blocks"]])
+                if any(x["req_id"] == it["key"] for x in mine[r]) else
+                {**it, "missing": "not captured"} for it in req["items"]]} for r in src]
+        return []
+    return ask
+
+
+def test_two_requests_with_one_prompt_are_compared_each():
+    """Each request's own capture on every server: the second request's D differs from P at
+    block 1, the first's does not (by prompt key, one record would have stood for both)."""
+    rng = np.random.default_rng(2)
+    kv = rng.normal(size=(3, 3, BS, 8))
+    bad = kv.copy()
+    bad[:, 1] += 1.0
+    recs = {"p": [{**record(kv, GROUPS, 12), "req_id": vllm_id("p", q)} for q in ("r0", "r1")],
+            "baseline": [{**record(kv, GROUPS, 12), "req_id": vllm_id("baseline", q)}
+                         for q in ("r0", "r1")],
+            "d": [{**record(kv, GROUPS, 12), "req_id": "cmpl-wb3-prime-r1-0-00000000"},
+                  {**record(kv, GROUPS, 12), "req_id": vllm_id("d", "r0")},
+                  {**record(bad, GROUPS, 12), "req_id": vllm_id("d", "r1")}]}
+    src = {r: {x["req_id"]: (bad if x["req_id"] == vllm_id("d", "r1") else kv)
+               for x in v} for r, v in recs.items()}
+    probes, _ = kv_compare.collect(server([], recs, src), [("r0", "k"), ("r1", "k")])
+    assert probes[0]["vs_p"]["identical"]
+    assert probes[1]["vs_p"]["blocks_differing"] == {layer: [1] for layer in GROUPS}
+    assert probes[1]["vs_p"]["max_abs_diff"] == pytest.approx(1.0)
+
+
+def test_a_capture_whose_request_id_names_no_row_falls_back_to_its_prompt():
+    rec = {"key": "k", "req_id": "someone-elses-id"}
+    assert kv_compare.rows_of(rec, "d", [("a", "k"), ("b", "other"), ("c", "k")]) == ["a", "c"]
+    assert kv_compare.rows_of({**rec, "req_id": "cmpl-wb1-prime-a-0-ab"}, "d",
+                              [("a", "k")]) == []
+
+
 def test_block_diffs_measure_only_the_prompts_positions(kv):
     ref = kv.copy()
     ref[0, 2, 1] += 0.5   # position 9: inside the prompt (N = 10)
@@ -157,25 +210,15 @@ def test_collect_fetches_only_differing_blocks_and_clears():
     kv = rng.normal(size=(3, 3, BS, 8))
     base = kv.copy()
     base[1, 2, 0] += 2.0
-    recs = {"d": record(kv, GROUPS, 12), "p": record(kv, GROUPS, 12),
-            "baseline": record(base, GROUPS, 12)}
+    recs = {r: {**record(x, GROUPS, 12), "req_id": vllm_id(r, "q0")}
+            for r, x in (("d", kv), ("p", kv), ("baseline", base))}
     asked = []
-
-    def ask(req):
-        asked.append(req)
-        if req["op"] == "records":
-            return [{"role": r, "records": [rec], "capture_s": 0.01} for r, rec in recs.items()]
-        if req["op"] == "fetch":
-            src = {"d": kv, "p": kv, "baseline": base}
-            return [{"role": r, "items": [_item(it["key"], it["layer"], it["blocks"],
-                                                 src[r][list(GROUPS).index(it["layer"]),
-                                                        it["blocks"]])
-                                           for it in req["items"]]} for r in src]
-        return []
-
-    probes, cost = kv_compare.collect(ask, ["k"])
+    ask = server(asked, recs, {"d": kv, "p": kv, "baseline": base})
+    probes, cost = kv_compare.collect(ask, [("q0", "k")])
     fetch = next(a for a in asked if a["op"] == "fetch")
-    assert fetch["items"] == [{"key": "k", "layer": "model.layers.1.attn", "blocks": [2]}]
+    layer = "model.layers.1.attn"
+    assert fetch["items"] == [{"key": vllm_id(r, "q0"), "layer": layer, "blocks": [2]}
+                              for r in ("d", "baseline")]
     assert asked[-1] == {"op": "clear"}
     pr = probes[0]
     assert pr["vs_p"]["identical"] and pr["vs_p"]["max_abs_diff"] == 0.0

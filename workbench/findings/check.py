@@ -31,7 +31,7 @@ from .finding import (
     BROKEN,
     CONTROL_BAD,
     CONTROL_OK,
-    INCONCLUSIVE,
+    FAILED,
     NOT_APPLICABLE,
     OWN_RUN,
     PRESENT,
@@ -188,12 +188,12 @@ def _control(f: Finding, which: str, result: dict | None, failed: str | None) ->
 def judge(f: Finding, results: dict[str, dict | None], expected: str | None, seconds: float,
           paths: list[str], failed: dict[str, str] | None = None) -> Outcome:
     """The finding's verdict from its runs' results: its own, unless a control misbehaved
-    (``detector-broken``) or a run failed (``inconclusive``, with why). ``failed``: why each
+    (``detector-broken``) or a run failed (``run-failed``, with why). ``failed``: why each
     run that has no result failed, by which."""
     failed = failed or {}
     main_result = results.get("main")
     main = f.detect(main_result) if main_result else (
-        INCONCLUSIVE, {"why": f"its run failed: {failed.get('main') or 'no result'}"})
+        FAILED, {"why": f"its run failed: {failed.get('main') or 'no result'}"})
     controls = {w: _control(f, w, results.get(w), failed.get(w)) for w in CONTROLS}
     evidence = dict(main[1])
     if f.also:
@@ -204,7 +204,7 @@ def judge(f: Finding, results: dict[str, dict | None], expected: str | None, sec
     if any(c["status"] == CONTROL_BAD for c in controls.values()):
         verdict = BROKEN
     elif (bad := [c["why"] for c in controls.values() if c["status"] == RUN_FAILED]):
-        verdict, evidence["why"] = INCONCLUSIVE, "; ".join(bad)
+        verdict, evidence["why"] = FAILED, "; ".join(bad)
     return Outcome(f.id, verdict, expected, evidence, controls, round(seconds, 1), paths)
 
 

@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
-from .finding import KV_PROBE_READER, Detection, Finding, decide, differing, gaps, kv_probed
+from typing import Any
+
+from .finding import (
+    KV_PROBE_READER,
+    Claims,
+    Detection,
+    Finding,
+    claim,
+    decide,
+    differing,
+    gaps,
+    kv_probed,
+    p_prefill,
+    rows,
+    shared,
+)
 
 BUDGET = 64  # P's and D's token budget per step: prompts of 100+ tokens run in 2-3 chunks
 
@@ -45,6 +60,27 @@ def detect(result: dict) -> Detection:
                   chunked > 0 and not at_ends and not other and not missing, evidence)
 
 
+def p_chunk_ends(row: dict[str, Any]) -> set[int]:
+    """The prompt positions at which P ended a non-final chunk of ``row``'s prefill."""
+    start, chunks = p_prefill(row)
+    return {start + e for e in chunk_ends(chunks)}
+
+
+def claims(result: dict[str, Any], row: dict[str, Any]) -> Claims:
+    """The drafter's KV at P's chunk ends: ``row``'s own, and those of another request whose
+    blocks P's prefix cache handed ``row`` (before ``row``'s prefill began, within the prompt
+    they share). D holding P's KV differs there from the baseline; D that computed those
+    positions itself (its own prefix cache) differs there from P."""
+    start, _ = p_prefill(row)
+    mine = row.get("prompt_token_ids") or []
+    ends = p_chunk_ends(row)
+    for other in rows(result, "kv_probe", "prompt_token_ids"):
+        if other is not row:
+            upto = min(start, shared(mine, other["prompt_token_ids"]))
+            ends |= {e for e in p_chunk_ends(other) if e < upto}
+    return claim(ends, groups=("drafter",))
+
+
 FINDING = Finding(
     id="chunked-prefill-drafter-kv",
     title="EAGLE drafter KV is wrong at the last position of each non-final prefill chunk",
@@ -68,5 +104,7 @@ FINDING = Finding(
     fix="patches/vllm-0.32.0/chunked-prefill-drafter-kv.patch",
     **KV_PROBE_READER,
     symptom="inside",
-    explains=("kv_vs_baseline", "accepts"),  # the drafter's KV, so its drafts; never a token
+    # the drafter's KV, so its drafts, never a token; against P where D computed it itself
+    explains=("kv_vs_baseline", "kv_vs_p", "accepts"),
+    claims=claims,
 )

@@ -16,10 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..measuring.kv_compare import expand
+from ..measuring.results import first_diff
 
 PRESENT, ABSENT, INCONCLUSIVE = "present", "absent", "inconclusive"
 BROKEN, NOT_APPLICABLE = "detector-broken", "not-applicable"
-VERDICTS = (PRESENT, ABSENT, INCONCLUSIVE, BROKEN, NOT_APPLICABLE)
+# A run the verdict needed did not finish (a server died, a request failed): no measurement,
+# so no expectation of ``inconclusive`` may pass it; only one that names the failure does.
+FAILED = "run-failed"
+VERDICTS = (PRESENT, ABSENT, INCONCLUSIVE, BROKEN, NOT_APPLICABLE, FAILED)
 # A control's status, as check.json, the table, JUnit and the reports show it.
 CONTROL_OK, CONTROL_BAD, OWN_RUN, RUN_FAILED = "ok", "BAD", "own run", "run failed"
 
@@ -29,6 +33,13 @@ Detection = tuple[str, dict[str, Any]]  # (verdict, evidence)
 # the baseline's.
 DIFFERENCES = ("tokens", "drafts", "accepts", "kv_vs_p", "kv_vs_baseline")
 Detector = Callable[[dict[str, Any]], Detection]
+# Where a finding lets one request's KV differ, as its preconditions in that request predict
+# it: "vs_p:drafter" / "vs_baseline:target" ... -> prompt positions. Several findings can hit
+# one request (P's chunks, a host buffer and a shared prefix at once); the fuzz oracle
+# explains the request's KV only where the union of their claims covers every differing
+# position (``fuzz/attribute.composed``). An upper bound, never a detection.
+Claims = dict[str, set[int]]
+Claimer = Callable[[dict[str, Any], dict[str, Any]], Claims]  # (result, row) -> claims
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,7 @@ class Finding:
     # where its detector says present: the padded load step adds a draft and nothing else.
     # None unless named: a finding that explains everything says so (``DIFFERENCES``).
     explains: tuple[str, ...] = ()
+    claims: Claimer | None = None  # per position, for a request several findings hit
 
 
 def control_status(control: dict) -> str:
@@ -115,6 +127,37 @@ def differing(cmp: dict[str, Any]) -> dict[str, set[int]]:
     """A KV comparison's differing positions, per layer, as sets."""
     return {layer: set(expand(runs)) for layer, runs in
             (cmp.get("positions_differing") or {}).items()}
+
+
+def shared(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two prompts share."""
+    d = first_diff(a, b)
+    return min(len(a), len(b)) if d is None else d
+
+
+def p_prefill(row: dict[str, Any]) -> tuple[int, list[int]]:
+    """Where P's prefill of ``row`` began (its prefix-cache hit) and its chunks, as the KV
+    probe measured them (the start from the chunks where the record predates it)."""
+    pr = row.get("kv_probe") or {}
+    chunks = (pr.get("prefill_chunks") or {}).get("p") or []
+    start = (pr.get("prefill_p") or {}).get("start")
+    return (max(0, (row.get("prompt_len") or 0) - sum(chunks)) if start is None else start,
+            chunks)
+
+
+def observed(row: dict[str, Any], cmp: str) -> dict[str, set[int]]:
+    """One request's differing positions in ``cmp`` ("vs_p", "vs_baseline") per layer
+    group."""
+    pr = row.get("kv_probe") or {}
+    out: dict[str, set[int]] = {}
+    for layer, ps in differing(pr.get(cmp) or {}).items():
+        out.setdefault((pr.get("layers") or {}).get(layer, "target"), set()).update(ps)
+    return out
+
+
+def claim(positions: set[int], groups: tuple[str, ...] = ("target", "drafter"),
+          cmps: tuple[str, ...] = ("vs_p", "vs_baseline")) -> Claims:
+    return {f"{c}:{g}": set(positions) for c in cmps for g in groups}
 
 
 @dataclass

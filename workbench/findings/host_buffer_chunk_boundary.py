@@ -4,7 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from .finding import DIFFERENCES, KV_PROBE_READER, Detection, Finding, decide, tally_vs_p
+from .finding import (
+    DIFFERENCES,
+    KV_PROBE_READER,
+    Claims,
+    Detection,
+    Finding,
+    claim,
+    decide,
+    observed,
+    p_prefill,
+    rows,
+    shared,
+    tally_vs_p,
+)
 
 BUDGET = 64  # P's token budget per step: boundaries on block multiples (block size 32)
 
@@ -34,6 +47,53 @@ def lost_positions(chunks: list[int] | None, n: int, block_size: int, ahead: int
         for b in range(-(-(end + ahead) // block_size)):
             alloc.setdefault(b, step)
     return {p for p, step in enumerate(step_of[:n]) if step > alloc[p // block_size]}
+
+
+def lost_as_allocated(row: dict[str, Any], block_size: int) -> set[int] | None:
+    """``lost_positions`` from P's allocation as the KV probe saw it (the block ids each
+    prefill step gave the request first: what ``_build_save_meta`` lists for the copy), not
+    from a model of it; None where the record lacks it."""
+    pre = ((row.get("kv_probe") or {}).get("prefill_p")) or {}
+    start, chunks = p_prefill(row)
+    if not pre.get("new_blocks") or len(pre["new_blocks"]) != len(chunks):
+        return None
+    listed: dict[int, int] = {}
+    for step, blocks in enumerate(pre["new_blocks"]):
+        for b in blocks:
+            listed.setdefault(b, step)
+    ids, at, out = pre.get("block_ids") or [], start, set()
+    for step, size in enumerate(chunks):
+        out |= {p for p in range(at, at + size)
+                if p // block_size < len(ids) and listed.get(ids[p // block_size], step) < step}
+        at += size
+    return out
+
+
+def claims(result: dict[str, Any], row: dict[str, Any]) -> Claims:
+    """Every layer at the positions P wrote after its copy to the host buffer (an upper
+    bound: another request listing the same block for its own copy later, a prefix hit on
+    P, copies it again, complete, if D reads after that), and at the positions D's prefix
+    cache handed ``row`` from an earlier request whose loaded KV lost them."""
+    config = result.get("config") or {}
+    if (config.get("knobs") or {}).get("transfer") != "host-staged":
+        return {}
+    bs, ahead = int(config.get("block_size", 32)), lookahead(config)
+
+    def own(r: dict[str, Any]) -> set[int]:
+        lost = lost_as_allocated(r, bs)
+        if lost is None:
+            start, chunks = p_prefill(r)
+            lost = lost_positions(chunks, r.get("prompt_len") or 0, bs, ahead, start)
+        return lost
+
+    lost, mine = own(row), row.get("prompt_token_ids") or []
+    for other in rows(result, "kv_probe", "prompt_token_ids"):
+        if other is row:
+            break
+        upto = shared(mine, other["prompt_token_ids"]) // bs * bs
+        seen = set().union(*observed(other, "vs_p").values())
+        lost |= {p for p in seen & own(other) if p < upto}
+    return claim(lost)
 
 
 def detect(result: dict) -> Detection:
@@ -92,4 +152,5 @@ FINDING = Finding(
     **KV_PROBE_READER,
     symptom="tokens",
     explains=DIFFERENCES,  # KV lost in every layer on D: every comparison downstream of it
+    claims=claims,
 )

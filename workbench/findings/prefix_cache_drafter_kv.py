@@ -6,7 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from ..measuring.results import first_diff
-from .finding import KV_PROBE_READER, Detection, Finding, decide, differing, gaps, rows
+from .finding import (
+    KV_PROBE_READER,
+    Claims,
+    Detection,
+    Finding,
+    claim,
+    decide,
+    differing,
+    gaps,
+    rows,
+)
 
 
 def prefixes(result: dict[str, Any], row: dict[str, Any]) -> list[int]:
@@ -57,6 +67,13 @@ def detect(result: dict) -> Detection:
                   sharing > 0 and not at_end and not other and not missing, evidence)
 
 
+def claims(result: dict[str, Any], row: dict[str, Any]) -> Claims:
+    """The drafter's KV at the last slot of a block after which ``row`` and an earlier request
+    part (or the earlier one ended), on either server whose prefix cache held that block."""
+    bs = int((result.get("config") or {}).get("block_size", 32))
+    return claim({n - 1 for n in prefixes(result, row) if n % bs == 0}, groups=("drafter",))
+
+
 FINDING = Finding(
     id="prefix-cache-drafter-kv",
     title="A cached block's last drafter slot is reused by a request whose next token differs",
@@ -88,4 +105,5 @@ FINDING = Finding(
     **KV_PROBE_READER,
     symptom="inside",
     explains=("kv_vs_p", "kv_vs_baseline", "accepts"),  # the drafter's KV, so its drafts
+    claims=claims,
 )

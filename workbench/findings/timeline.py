@@ -46,9 +46,11 @@ def since(finding: str, path: Path = MATRIX) -> str | None:
         return None
     sp = spans(pairs)
     present = [s for s in sp if s[2] == "present"]
-    # a release that cannot run it (not-applicable), or whose absence is unchecked (no positive
-    # control saw the bug there: matrix.UNCHECKED), between two present ones ends no span
-    measured = [(r, v) for r, v in pairs if v not in ("not-applicable", "unchecked")]
+    # a release that cannot run it (not-applicable), whose absence is unchecked (no positive
+    # control saw the bug there: matrix.UNCHECKED) or whose run failed, between two present
+    # ones ends no span
+    measured = [(r, v) for r, v in pairs
+                if v not in ("not-applicable", "unchecked", "run-failed")]
     verdicts_measured = [v for _, v in measured]
     if not present:
         head = ("not measurable natively on any release" if all(

@@ -7,7 +7,9 @@ patched findings are ``absent``), and a regression the build must not have (``ab
 where the knob that re-creates it (its positive control's) is in force: a regression's
 detector that fires anywhere else is news, not an explanation (two detectors can read the
 same shape of difference). A finding never explains in its negative control's shape, and a
-build with no expectations lets none explain.
+build with no expectations lets none explain. Where several findings hit one request at once
+(P's chunks, its host buffer and a shared prefix), no single detector sees only its own
+shape; their claims, per KV position, are read together (``composed``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..findings import FINDINGS, check
-from ..findings.finding import ABSENT, PRESENT, Finding
+from ..findings.finding import ABSENT, PRESENT, Claims, Finding, observed
 
 
 def applies(f: Finding, config: dict[str, Any]) -> bool:
@@ -80,20 +82,53 @@ def may_explain(result: dict[str, Any]) -> set[str]:
 def present_in(result: dict[str, Any], row: dict[str, Any],
                only: Collection[str] | None = None) -> dict[str, tuple[str, ...]]:
     """{finding id: the kinds it explains} for the findings (those in ``only``, else
-    ``may_explain``) present in ``row``. A detector that cannot read a one-request result
-    (raises) explains nothing there."""
+    ``may_explain``) present in ``row``: each whose detector says so on the request alone,
+    and, where several findings hit it at once, those whose claims cover its KV together
+    (``composed``). A detector that cannot read a one-request result (raises) explains
+    nothing there."""
     only = may_explain(result) if only is None else only
     one = narrowed(result, row)
+    usable = [f for f in FINDINGS.values() if f.id in only and f.explains
+              and applies(f, result.get("config") or {})]
     out = {}
-    for f in FINDINGS.values():
-        if f.id not in only:
-            continue
-        if not f.explains or not applies(f, result.get("config") or {}):
-            continue
+    for f in usable:
         try:
             verdict, _ = f.detect(one)
         except Exception:  # noqa: BLE001 - a detector's blind spot, not the trial's failure
             continue
         if verdict == PRESENT:
             out[f.id] = f.explains
+    for fid, kinds in composed(result, row, usable).items():
+        out[fid] = tuple(sorted({*out.get(fid, ()), *kinds}))
+    return out
+
+
+KV_KIND = {"vs_p": "kv_vs_p", "vs_baseline": "kv_vs_baseline"}
+
+
+def composed(result: dict[str, Any], row: dict[str, Any],
+             findings: list[Finding]) -> dict[str, tuple[str, ...]]:
+    """The findings whose claims (``Finding.claims``) together cover every position where
+    ``row``'s KV differs, against P and against the baseline, per layer group; each explains
+    the KV comparisons it claimed in and the downstream kinds it names (``explains``). None
+    where one differing position is claimed by none: what is left may be news."""
+    diff = {f"{c}:{g}": ps for c in KV_KIND for g, ps in observed(row, c).items() if ps}
+    if not diff:
+        return {}
+    claims: dict[str, Claims] = {}
+    for f in findings:
+        if f.claims is not None:
+            try:
+                claims[f.id] = f.claims(result, row)
+            except Exception:  # noqa: BLE001 - a claim that cannot be read claims nothing
+                continue
+    if any(ps - set().union(*(c.get(k, set()) for c in claims.values()))
+           for k, ps in diff.items()):
+        return {}
+    out = {}
+    for fid, c in claims.items():
+        hit = {KV_KIND[k.split(":")[0]] for k, ps in diff.items() if c.get(k, set()) & ps}
+        if hit:
+            rest = {k for k in FINDINGS[fid].explains if not k.startswith("kv_")}
+            out[fid] = tuple(sorted(hit | rest))
     return out

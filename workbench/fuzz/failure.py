@@ -27,6 +27,11 @@ LEADS = {
     "NixlConnectorScheduler.request_finished (P), NixlConnectorWorker._read_blocks (D)",
     "kv_vs_baseline": "what P computed differs from a standalone prefill: chunking "
     "(--max-num-batched-tokens) or the drafter's prefill on P",
+    "crash": "the server's log below; a known loud form: D loading more positions than P's "
+    "ExampleConnector saved (vLLM issue #16928, open PR #53314)",
+    "timeout": "a request that never finished: a transfer D waits for (NIXL's "
+    "VLLM_NIXL_ABORT_REQUEST_TIMEOUT) or a request the scheduler never schedules",
+    "start": "the server's log below: a flag combination this vLLM refuses at start-up",
 }
 
 
@@ -39,7 +44,8 @@ def write(out: Path, t: Trial, base: ExperimentConfig, sig: str | None = None) -
     atomic_write_json(d / "case.json", t.scenario.to_dict(), indent=1)
     atomic_write_json(d / "records.json", {
         "result": t.result, "judged": [asdict(j) for j in t.judged],
-        "signature": sig, "signatures": t.signatures, "seconds": t.seconds}, indent=1,
+        "signature": sig, "signatures": t.signatures, "seconds": t.seconds,
+        "crash": t.crash.to_dict() if t.crash else None}, indent=1,
         portable=True)
     fig = _figure(t, d)
     atomic_write_text(d / "report.md", page(t, t.scenario.config(base), fig, sig))
@@ -72,9 +78,21 @@ def request_lines(t: Trial) -> list[str]:
     return out
 
 
+def crash_lines(t: Trial) -> list[str]:
+    """What vLLM said when it failed the trial: its last error line and its log's tail."""
+    c = t.crash
+    if c is None:
+        return []
+    what = {"crash": "died or answered an error", "timeout": "did not answer in time",
+            "start": "could not start"}[c.kind]
+    return [f"- the {c.role} server {what}: `{c.line}`", f"- the client saw: {t.error}", "",
+            f"The {c.role} server's log, its last lines:", "", "```", c.log_tail, "```", ""]
+
+
 def page(t: Trial, cfg: ExperimentConfig, fig: str | None, sig: str | None) -> str:
     n, tokens = t.scenario.size()
-    kinds = sorted({k for j in t.judged for k in j.unexplained})
+    kinds = sorted({k for j in t.judged for k in j.unexplained}
+                   | ({t.crash.kind} if t.crash else set()))
     title = (f"# Fuzz: unexplained `{sig}`" if sig else  # a replay that found nothing new
              f"# Fuzz replay: {t.verdict}, no unexplained difference")
     lines = [title, "",
@@ -82,7 +100,7 @@ def page(t: Trial, cfg: ExperimentConfig, fig: str | None, sig: str | None) -> s
              f"`{json.dumps(t.scenario.shape, sort_keys=True)}`, fixed knobs "
              f"`{json.dumps(t.scenario.knobs, sort_keys=True)}`. Replay: `python -m workbench "
              f"fuzz --replay case.json --out DIR`.", "", "## Observed (measured)", "",
-             *request_lines(t), *report.observed(t.result), "",
+             *request_lines(t), *crash_lines(t), *report.observed(t.result), "",
              "## Expected", "", "D's greedy tokens, its draft and accepted counts per position, "
              "and its KV (every position against P's, and against the baseline's) equal to "
              "the standalone baseline's, as two baseline runs are to each other.", "",

@@ -2,7 +2,8 @@
 the shape), Hypothesis inside (generation and shrinking), the budget over both.
 
 A trial with a request whose unexplained difference has a signature not yet found
-(``oracle.signature``) makes the Hypothesis test fail, so Hypothesis shrinks it; while it
+(``oracle.signature``), or that vLLM failed (``crash``: a server died, an HTTP error, a
+timeout), makes the Hypothesis test fail, so Hypothesis shrinks it; while it
 shrinks, only trials with a request of that same signature count as failing (a shrink must
 not wander into another difference), and after
 ``shrink_s`` seconds every new candidate counts as passing, which ends the shrink at the
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hseed
 from hypothesis.database import DirectoryBasedExampleDatabase
 
@@ -36,6 +37,11 @@ class Unexplained(Exception):
     def __init__(self, trial: Trial, signature: str) -> None:
         super().__init__(signature)
         self.trial, self.signature = trial, signature
+
+
+class ShapeFailed(Unexplained):
+    """A server of the shape could not start: the scenario plays no part, so nothing is
+    shrunk and the shape's other trials are not run."""
 
 
 @dataclass
@@ -63,6 +69,7 @@ class Hunt:
     shrink_s: float = SHRINK_S
     progress: Callable[[Hunt, int], None] | None = None
     stop: Callable[[Book], bool] | None = None  # ends the hunt early (the benchmark's goals)
+    smallest: dict[str, Trial] = field(default_factory=dict)  # per signature, the least case
 
     def over(self) -> bool:
         return self.book.spent() >= self.budget_s or bool(self.stop and self.stop(self.book))
@@ -92,15 +99,18 @@ class Hunt:
             r = Round(limit=left, wanted=next(iter(pending), None))
             try:
                 self.search(i, shape, cache, r, rounds)
+            except ShapeFailed as e:
+                self.found(e.signature, e.trial, cache, i)
+                break
             except Unexplained as e:
-                self.found(e.signature, e.trial)
+                self.found(e.signature, e.trial, cache, i)
                 pending.pop(e.signature, None)
             pending.update({s: t for s, t in r.aside.items()
                             if s not in pending and s not in self.book.failures})
             left -= max(r.generated, 1)
             rounds += 1
         for sig, t in pending.items():
-            self.found(sig, t)
+            self.found(sig, t, cache, i)
 
     def search(self, i: int, shape: dict, cache: dict[str, Trial], r: Round, rounds: int):
         def check(sc: Scenario) -> None:
@@ -108,15 +118,15 @@ class Hunt:
             if t is None:
                 if self.skip(r):
                     return
-                t = cache[sc.hash] = self.runner(sc)
-                self.book.log(t, i, "shrink" if r.target else "generate")
+                t = self.trial(sc, cache, i, "shrink" if r.target else "generate")
                 r.generated += r.target is None
-                if self.progress:
-                    self.progress(self, i)
+                if r.deadline is not None:  # a restart after a crash is not shrinking time
+                    r.deadline += t.start_seconds
             self.judge(t, r)
 
         db = DirectoryBasedExampleDatabase(str(self.book.out / "hypothesis" / f"shape-{i}"))
         test = settings(database=db, max_examples=r.limit, deadline=None, print_blob=False,
+                        verbosity=Verbosity.quiet,  # failures are written up here, not printed
                         suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
                         phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))(
             hseed(self.seed * 7919 + i * 101 + rounds)(
@@ -130,6 +140,8 @@ class Hunt:
                 or (r.target is None and r.generated >= r.limit))
 
     def judge(self, t: Trial, r: Round) -> None:
+        if t.crash is not None and t.crash.kind == "start":
+            raise ShapeFailed(t, t.crash.signature)
         new = [s for s in t.signatures if s not in self.book.failures]
         if not new:
             return
@@ -141,9 +153,40 @@ class Hunt:
         if r.target in new:
             raise Unexplained(t, r.target)
 
-    def found(self, sig: str, t: Trial) -> None:
+    def trial(self, sc: Scenario, cache: dict[str, Trial], shape: int, phase: str) -> Trial:
+        """Run ``sc`` once (its record logged), keeping the smallest case per signature."""
+        t = cache[sc.hash] = self.runner(sc)
+        self.book.log(t, shape, phase)
+        for sig in t.signatures:
+            old = self.smallest.get(sig)
+            if old is None or t.scenario.size() < old.scenario.size():
+                self.smallest[sig] = t
+        if self.progress:
+            self.progress(self, shape)
+        return t
+
+    def alone(self, sig: str, t: Trial, cache: dict[str, Trial], shape: int) -> Trial:
+        """``t``'s requests one at a time, for the first that shows ``sig`` by itself:
+        Hypothesis's shrinker may stop (its five minutes, our ``shrink_s``) before it tries
+        to drop a request, and a failure that needs a restart makes each try slow."""
+        for r in t.scenario.requests if len(t.scenario.requests) > 1 else ():
+            sc = replace(t.scenario, requests=(r,))
+            if self.over():
+                break
+            one = cache.get(sc.hash) or self.trial(sc, cache, shape, "alone")
+            if sig in one.signatures:
+                return one
+        return t
+
+    def found(self, sig: str, t: Trial, cache: dict[str, Trial] | None = None,
+              shape: int = 0) -> None:
+        """Write the failure ``sig`` at the smallest case met (by requests, then tokens),
+        reduced to one request where one shows it alone."""
         if sig in self.book.failures:
             return
+        least = self.smallest.get(sig)
+        t = least if least is not None and least.scenario.size() < t.scenario.size() else t
+        t = self.alone(sig, t, cache if cache is not None else {}, shape)
         where = failure.write(self.book.out, t, self.base, sig) if self.base else None
         self.book.failures[sig] = t.scenario.hash
         self.book.save()

@@ -10,6 +10,7 @@ that a drafter-only difference and a target one are different signatures.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from ..measuring import kv_compare
 
 COUNTS = ("num_drafts", "num_draft_tokens", "accepted_per_pos")
 SAME, NOISE, EXPLAINED, UNEXPLAINED, ERROR = "same", "noise", "explained", "unexplained", "error"
+CRASH = "crash"  # vLLM failed the trial: a server died, an HTTP error, a timeout (``crash``)
 # A comparison the trial needed but could not make (a side's counts, the probe's record or a
 # capture missing): never read as "same".
 UNMEASURED = "unmeasured"
@@ -44,10 +46,14 @@ def kv_kinds(probe: dict | None) -> dict[str, list[str]]:
     return out
 
 
-def unmeasured(row: dict) -> dict[str, str]:
+def unmeasured(row: dict, probe_errors: list[str] = ()) -> dict[str, str]:
     """What of one request could not be compared, kind -> why: D's or the baseline's counts,
-    the KV probe's record, or one of its two comparisons (a capture missing)."""
+    the KV probe's record, or one of its two comparisons (a capture missing). A probe that
+    failed anywhere in the run (``probe_errors``: a capture or a step hook raised) leaves
+    every request's KV unmeasured: the step it failed in may have been this request's."""
     out = {}
+    if probe_errors:
+        out["kv_probe_errors"] = "; ".join(sorted(set(probe_errors)))[:500]
     gone = [side for side in ("pd", "baseline") if row.get(side) is None]
     if gone:
         out["counts"] = f"no per-request counts from {' and '.join(gone)}"
@@ -103,15 +109,17 @@ class Judged:
     unmeasured: dict[str, str] = field(default_factory=dict)  # kind -> why not compared
 
 
-def judge(row: dict, noisy: set[str], explains: dict[str, tuple[str, ...]]) -> Judged:
-    """``explains``: each finding present in this request and the kinds it accounts for."""
+def judge(row: dict, noisy: set[str], explains: dict[str, tuple[str, ...]],
+          probe_errors: list[str] = ()) -> Judged:
+    """``explains``: each finding present in this request and the kinds it accounts for;
+    ``probe_errors``: the KV probe's own failures in the run (``unmeasured``)."""
     diff = differences(row)
     real = {k: v for k, v in diff.items() if k not in noisy}
     explained = {f: sorted(set(real) & set(kinds)) for f, kinds in explains.items()}
     explained = {f: ks for f, ks in explained.items() if ks}
     covered = {k for ks in explained.values() for k in ks}
     left = {k: v for k, v in real.items() if k not in covered}
-    gaps = unmeasured(row)
+    gaps = unmeasured(row, probe_errors)
     verdict = (UNEXPLAINED if left else UNMEASURED if gaps else EXPLAINED if explained else
                NOISE if diff else SAME)
     return Judged(row["id"], verdict, diff, sorted(set(diff) & noisy), explained, left,
@@ -124,14 +132,38 @@ ROOTS = ("kv_vs_p", "kv_vs_baseline", "tokens", "accepts", "drafts")
 
 
 def signature(j: Judged) -> str | None:
-    """One request's unexplained difference as a stable name: its most upstream kind, with
-    the KV layer groups it touched (``kv_vs_p:drafter+target``, ``drafts``). Two requests that
-    differ the same way, whatever followed from it downstream, count as one failure."""
+    """One request's unexplained difference as a stable name: its most upstream kind and its
+    detail (``detail``): ``kv_vs_p:drafter+target``, ``tokens:first``, ``accepts:more``. Two
+    requests that differ the same way, whatever followed from it downstream, count as one
+    failure."""
     root = next((k for k in ROOTS if k in j.unexplained), None)
     if root is None:
         return None
-    groups = (j.unexplained[root] or {}).get("groups") if root.startswith("kv") else None
-    return f"{root}:{'+'.join(groups)}" if groups else root
+    more = detail(root, j.unexplained[root] or {})
+    return f"{root}:{more}" if more else root
+
+
+def detail(kind: str, d: dict) -> str | None:
+    """What sets apart two differences of one kind: the KV layer groups touched, whether the
+    tokens differ from the first one (P's token, or D's first step) or later, and which way
+    D's counts went against the baseline's (``more``, ``fewer``, ``mixed`` by position)."""
+    if kind.startswith("kv"):
+        return "+".join(d.get("groups") or []) or None
+    if kind == "tokens":
+        at = d.get("first_diff")
+        return None if at is None else "first" if at == 0 else "later"
+    if "pd" not in d or "baseline" not in d:
+        return None
+    keys = ("accepted_per_pos",) if kind == "accepts" else ("num_drafts", "num_draft_tokens")
+    a = [x for k in keys for x in _listed(d["pd"][k])]
+    b = [x for k in keys for x in _listed(d["baseline"][k])]
+    steps = [x - y for x, y in itertools.zip_longest(a, b, fillvalue=0)]
+    return ("more" if all(x >= 0 for x in steps) else "fewer" if all(x <= 0 for x in steps)
+            else "mixed")
+
+
+def _listed(v: Any) -> list:
+    return list(v) if isinstance(v, list | tuple) else [v]
 
 
 def signatures(judged: list[Judged]) -> list[str]:

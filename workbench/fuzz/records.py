@@ -78,13 +78,15 @@ class Book:
                 "noise": sorted({k for j in t.judged for k in j.noise}),
                 "unmeasured": {j.id: j.unmeasured for j in t.judged if j.unmeasured},
                 "seconds": round(t.seconds, 2), "start_seconds": round(t.start_seconds, 2),
-                "error": t.error, "scenario": t.scenario.to_dict()}
+                "error": t.error,
+                "crash": {k: v for k, v in t.crash.to_dict().items() if k != "log_tail"}
+                if t.crash else None, "scenario": t.scenario.to_dict()}
         with (self.out / "trials.jsonl").open("a") as f:
             f.write(json.dumps(line) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        errors = ["error (a server or a request failed; trials.jsonl has each)"] if t.error \
-            else []
+        errors = ["error (the workbench's instruments failed; trials.jsonl has each)"] \
+            if t.error and not t.crash else []
         gaps = sorted({f"unmeasured: {k}" for j in t.judged for k in j.unmeasured})
         for name in line["explained"] + [f"unexplained: {s}" for s in t.signatures] + gaps \
                 + errors:
@@ -102,8 +104,22 @@ class Book:
         if h.smallest is None or (n, tokens) < (h.smallest["requests"], h.smallest["tokens"]):
             h.smallest = {"hash": t.scenario.hash, "requests": n, "tokens": tokens}
 
+    def bottom_line(self) -> str:
+        """What the run found, in one line: its failures first, then what could not be
+        measured, then what known findings explained."""
+        gaps = [f"{k.removeprefix('unmeasured: ')} in {h.trials} trial(s)"
+                for k, h in sorted(self.hits.items()) if k.startswith("unmeasured: ")]
+        known = sorted(k for k in self.hits if not k.startswith(("unexplained: ", "unmeasured: ",
+                                                                 "error")))
+        head = (f"**{len(self.failures)} unexplained** ({', '.join(sorted(self.failures))}): "
+                "exit 1" if self.failures else "**0 unexplained**")
+        unmeasured = (f"unmeasured (never counted as same): {', '.join(gaps)}" if gaps
+                      else "nothing unmeasured")
+        return (f"{head}; {unmeasured}; explained by known findings: "
+                f"{', '.join(known) or 'none'}.")
+
     def summary(self) -> str:
-        lines = ["# Fuzz summary", "",
+        lines = ["# Fuzz summary", "", self.bottom_line(), "",
                  f"{self.trials} trials, {self.spent() / 60:.1f} min of budget spent, "
                  f"{len(self.shapes_done)} server shapes done, seed {self.run['seed']}, "
                  f"attribution {'on' if self.run['attribute'] else 'off'}.", "",

@@ -29,6 +29,7 @@ from ..measuring.measure import Requests, p_fields, request_body, run_coro, spec
 from ..measuring.results import aggregate
 from ..serving.proxy import decode_request, prefill_request
 from . import attribute, oracle
+from .crash import Crash, classify
 from .scenario import Request, Scenario
 
 ABORT_AFTER_S = 0.05  # a during-d abort closes D's connection this long after sending it
@@ -44,13 +45,18 @@ class Trial:
     seconds: float = 0.0
     start_seconds: float = 0.0  # servers started or restarted for it
     error: str | None = None
+    crash: Crash | None = None  # vLLM failed it (``error`` says how the client saw it)
 
     @property
     def verdict(self) -> str:
+        if self.crash:
+            return oracle.CRASH
         return oracle.ERROR if self.error else oracle.trial_verdict(self.judged)
 
     @property
     def signatures(self) -> list[str]:
+        if self.crash:
+            return [self.crash.signature]
         return [] if self.error else oracle.signatures(self.judged)
 
 
@@ -147,10 +153,14 @@ async def idle(session: Session, cfg: ExperimentConfig) -> None:
                        "idle").wait_idle()
 
 
-def baseline_records(session: Session) -> dict[str, dict]:
-    """The baseline's KV probe records of the pass just run, by prompt key."""
+def baseline_records(session: Session, rows: list[dict]) -> dict[str, dict]:
+    """The baseline's KV probe records of the pass just run, by request (row id)."""
     replies = session.channel.kv_probe(session.servers, {"op": "records"})
-    return kv_compare.by_role(replies).get("baseline", {})
+    return kv_compare.by_role(replies, keyed(rows)).get("baseline", {})
+
+
+def keyed(rows: list[dict]) -> kv_compare.Rows:
+    return [(r["id"], prompt_key(r["prompt_token_ids"])) for r in rows]
 
 
 def run(session: Session, scenario: Scenario, base: ExperimentConfig,
@@ -165,7 +175,8 @@ def run(session: Session, scenario: Scenario, base: ExperimentConfig,
         started = time.monotonic() - t0
         run_coro(idle(session, cfg))
     except Exception as e:  # noqa: BLE001 - servers that cannot start, or stay busy
-        return Trial(scenario, {}, seconds=time.monotonic() - t0, error=f"servers: {e}")
+        return Trial(scenario, {}, seconds=time.monotonic() - t0, error=f"servers: {e}",
+                     crash=classify(e, session.servers, "start"))
     n = len(scenario.requests)
     rows = [row_of(i, r, cfg) for i, r in enumerate(scenario.requests)]
     first = [row_of(i, r, cfg) for i, r in enumerate(scenario.requests)]
@@ -176,12 +187,12 @@ def run(session: Session, scenario: Scenario, base: ExperimentConfig,
     try:
         sender = Sender(session, cfg, f"fz{session.channel.version}")
         run_coro(sender.pass_("baseline", scenario.requests, first))
-        kv_first = baseline_records(session)
+        kv_first = baseline_records(session, first)
         session.apply_knobs(cfg)
         sides = ("baseline", "pd") if scenario.order == "baseline-first" else ("pd", "baseline")
         for side in sides:
             run_coro(sender.pass_(side, scenario.requests, rows))
-        kv_second = baseline_records(session)
+        kv_second = baseline_records(session, rows)
         probe_kv(session.channel, session.servers, result, rows,
                  [Prompt(r["id"], r["prompt_token_ids"]) for r in rows])
         aggregate(result, [r for r in rows if "aborted" not in r])
@@ -191,6 +202,7 @@ def run(session: Session, scenario: Scenario, base: ExperimentConfig,
     except Exception as e:  # noqa: BLE001 - kept as the trial's error, with its rows
         result.complete, result.error = False, f"{type(e).__name__}: {e}"
         trial.result, trial.error = result.to_dict(), result.error
+        trial.crash = classify(e, session.servers)
     trial.seconds = time.monotonic() - t0
     return trial
 
@@ -199,14 +211,14 @@ def judge_all(result: dict, first: list[dict], kv: tuple[dict, dict], attribute_
               only: Collection[str] | None = None) -> list[oracle.Judged]:
     """Every request that ran to the end; an aborted one is listed with its abort only.
     ``first``: the rows of the first baseline pass; ``kv``: both baseline passes' probe
-    records by prompt key."""
+    records by row id."""
     out = []
+    errors = ((result.get("kv_probe_summary") or {}).get("cost") or {}).get("errors") or []
     for row, a in zip(result["requests"], first, strict=True):
         if "aborted" in row:
             out.append(oracle.Judged(row["id"], oracle.SAME, aborted=row["aborted"]))
             continue
-        key = prompt_key(row["prompt_token_ids"])
-        noisy = oracle.noise(a, row, kv[0].get(key), kv[1].get(key))
+        noisy = oracle.noise(a, row, kv[0].get(row["id"]), kv[1].get(row["id"]))
         explains = attribute.present_in(result, row, only) if attribute_on else {}
-        out.append(oracle.judge(row, noisy, explains))
+        out.append(oracle.judge(row, noisy, explains, errors))
     return out

@@ -103,7 +103,7 @@ class Probe:
         self.reqs: dict[str, dict] = {}  # req_id -> what the scheduler told the worker
         self.pending: list[str] = []  # P / baseline: prefilled this step, capture after sampling
         self.records: list[dict] = []
-        self.snapshots: OrderedDict[str, dict] = OrderedDict()  # key -> layer -> slots
+        self.snapshots: OrderedDict[str, dict] = OrderedDict()  # req_id -> layer -> slots
         self.snapshot_bytes = 0
         self.keep_bytes = int(float(os.environ.get(ENV_KEEP_MB, "2048")) * 2**20)
         self.capture_s = 0.0
@@ -289,19 +289,20 @@ def capture(req_id: str) -> None:
            "block_size": PROBE.layers[0]["block_size"] if PROBE.layers else None,
            "layers": layers, "capture_s": round(took, 6), "t": time.time(),
            "prefill_chunks": info.get("chunks"),
+           "prefill_new_blocks": info.get("new_blocks"),
            "slot_order": sorted({la["order_note"] for la in PROBE.layers if "order_note" in la})}
     with PROBE.lock:
         PROBE.records.append(rec)
-        _keep(rec["key"], snap, nbytes)
+        _keep(req_id, snap, nbytes)  # by request: two with one prompt are fetched each
         PROBE.capture_s += took
 
 
-def _keep(key: str, snap: dict, nbytes: int) -> None:
+def _keep(req_id: str, snap: dict, nbytes: int) -> None:
     """Keep the slots for a later fetch, oldest dropped beyond the budget."""
-    old = PROBE.snapshots.pop(key, None)
+    old = PROBE.snapshots.pop(req_id, None)
     if old is not None:
         PROBE.snapshot_bytes -= old["bytes"]
-    PROBE.snapshots[key] = {"layers": snap, "bytes": nbytes}
+    PROBE.snapshots[req_id] = {"layers": snap, "bytes": nbytes}
     PROBE.snapshot_bytes += nbytes
     while PROBE.snapshot_bytes > PROBE.keep_bytes and len(PROBE.snapshots) > 1:
         _, dropped = PROBE.snapshots.popitem(last=False)
@@ -342,7 +343,8 @@ def before_step(scheduler_output) -> None:
             continue
         PROBE.reqs[new.req_id] = {"prompt": list(new.prompt_token_ids),
                                   "block_ids": [list(b) for b in new.block_ids],
-                                  "num_computed": new.num_computed_tokens}
+                                  "num_computed": new.num_computed_tokens,
+                                  "listed": list(new.block_ids[0]) if new.block_ids else []}
         if PROBE.role == "d" and not _loads_in_forward():
             capture(new.req_id)
     cached = scheduler_output.scheduled_cached_reqs
@@ -351,6 +353,7 @@ def before_step(scheduler_output) -> None:
         if info is not None and cached.new_block_ids[i] is not None:
             for g, ids in enumerate(cached.new_block_ids[i]):
                 info["block_ids"][g].extend(ids)
+            info["listed"] = list(cached.new_block_ids[i][0]) if cached.new_block_ids[i] else []
     if PROBE.role != "d" or _loads_in_forward():
         _mark_prefilled(scheduler_output)
     for req_id in scheduler_output.finished_req_ids:
@@ -365,6 +368,9 @@ def _mark_prefilled(scheduler_output) -> None:
             continue
         info["done"] = info.get("done", info["num_computed"]) + n
         info.setdefault("chunks", []).append(n)  # more than one: a chunked prefill
+        # the blocks this step handed the request first (what a connector's save meta lists
+        # for it: ``yield_req_data``), so a detector reads allocation, not a model of it
+        info.setdefault("new_blocks", []).append(info.pop("listed", []))
         if info["done"] >= len(info["prompt"]):
             PROBE.pending.append(req_id)
 
@@ -494,7 +500,8 @@ def _clear() -> None:
 
 def serve(request: dict) -> dict[str, Any]:
     """``records``: every capture since the last ``clear``; ``fetch``: the raw slots of the
-    listed blocks (``items``: key, layer, blocks), base64 float32; ``clear``: forget both."""
+    listed blocks (``items``: key = the request id, layer, blocks), base64 float32;
+    ``clear``: forget both."""
     op = request.get("op")
     base = {"role": PROBE.role, "pid": os.getpid(), "op": op, "enabled": PROBE.enabled}
     with PROBE.lock:

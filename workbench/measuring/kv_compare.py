@@ -1,7 +1,8 @@
 """The KV probe's workbench side: D's blocks against P's and against the baseline's.
 
 The servers' workers (``knobs/kv_probe.py``) hand back one digest per (layer, slot) for each
-request they captured, keyed by the prompt's token ids. Here the digests are compared
+request they captured, with vLLM's request id and the prompt's key; each is matched to the
+run's request by the id the client sent (``by_role``). Here the digests are compared
 position by position (block = position // block_size, slot = position % block_size, over the
 prompt's positions), the blocks whose digests differ are fetched from both sides, and their
 largest absolute difference is computed. Only those blocks ever leave the servers.
@@ -107,8 +108,10 @@ def _blocks_equal(d_layer: dict, p_layer: dict | None, nd: int, s: int, bs: int)
 
 
 # --------------------------------------------------------------------- differences --
-def fetch_items(key: str, cmp: dict) -> list[dict]:
-    return [{"key": key, "layer": name, "blocks": blocks}
+def fetch_items(req_id: str, cmp: dict) -> list[dict]:
+    """The blocks of one server's record of a request (``req_id``) that ``cmp`` found
+    differing; the workers keep their snapshots by request."""
+    return [{"key": req_id, "layer": name, "blocks": blocks}
             for name, blocks in cmp["blocks_differing"].items()]
 
 
@@ -119,11 +122,12 @@ def decode(item: dict) -> np.ndarray | None:
 
 
 def block_diffs(d_items: list[dict], ref_items: list[dict], n: int, bs: int) -> dict:
-    """{layer: {block: max |D - ref|}} over the prompt's positions of the fetched blocks."""
-    ref = {(it["key"], it["layer"]): it for it in ref_items}
+    """{layer: {block: max |D - ref|}} over the prompt's positions of the fetched blocks (one
+    request's items on each side)."""
+    ref = {it["layer"]: it for it in ref_items}
     out: dict[str, dict[int, float | None]] = {}
     for it in d_items:
-        a, r = decode(it), ref.get((it["key"], it["layer"]))
+        a, r = decode(it), ref.get(it["layer"])
         b = decode(r) if r is not None else None
         per = out.setdefault(it["layer"], {})
         for i, blk in enumerate(it.get("blocks", [])):
@@ -148,25 +152,44 @@ def add_magnitudes(cmp: dict, diffs: dict) -> None:
 
 
 # ----------------------------------------------------------------------- one run --
-def by_role(replies: list[dict]) -> dict[str, dict[str, dict]]:
-    """{role: {prompt key: record}} (the last capture of a prompt wins)."""
+# The part of vLLM's request id (``cmpl-<X-Request-Id>-<n>-<random>``) the workbench's
+# client names per server: P and D serve a request as ``<tag>-pd-<row id>``, the baseline as
+# ``<tag>-base-<row id>`` (``measuring/measure.py``); D's priming request is neither.
+SIDE = {"p": "pd", "d": "pd", "baseline": "base"}
+Rows = list[tuple[str, str]]  # (row id, prompt key) per request, in the run's order
+
+
+def rows_of(rec: dict, role: str, rows: Rows) -> list[str]:
+    """The rows a capture belongs to: the one its request id names (none for D's priming
+    request), or, for a client that named none, every row with the capture's prompt."""
+    req_id = str(rec.get("req_id", ""))
+    named = [i for i, _ in rows if f"-{SIDE.get(role)}-{i}-" in f"{req_id}-"]
+    if named or any(f"-{side}-" in req_id for side in (*SIDE.values(), "prime")):
+        return named
+    return [i for i, k in rows if k == rec["key"]]
+
+
+def by_role(replies: list[dict], rows: Rows) -> dict[str, dict[str, dict]]:
+    """{role: {row id: record}}: each request's own capture, so two requests with one prompt
+    are compared each."""
     out: dict[str, dict[str, dict]] = {}
     for reply in replies:
         for rec in reply.get("records", []):
-            if "key" in rec:
-                out.setdefault(reply["role"], {})[rec["key"]] = rec
+            for i in rows_of(rec, reply["role"], rows) if "key" in rec else ():
+                out.setdefault(reply["role"], {})[i] = rec
     return out
 
 
-def collect(ask: Ask, keys: list[str]) -> tuple[list[dict | None], dict[str, Any]]:
-    """Each request's ``kv_probe`` (in ``keys`` order; None where D captured nothing) and the
+def collect(ask: Ask, rows: Rows) -> tuple[list[dict | None], dict[str, Any]]:
+    """Each request's ``kv_probe`` (in ``rows`` order; None where D captured nothing) and the
     probe's cost. Asks for records, then the differing blocks, then clears the servers."""
     t0 = time.monotonic()
     replies = ask({"op": "records"})
-    recs = by_role(replies)
+    recs = by_role(replies, rows)
     errors = [r["error"] for reply in replies for r in reply.get("records", []) if "error" in r]
-    probes = [_request(k, recs) for k in keys]
-    _magnitudes(ask, keys, probes, recs)
+    ids = [i for i, _ in rows]
+    probes = [_request(i, recs) for i in ids]
+    _magnitudes(ask, ids, probes, recs)
     ask({"op": "clear"})
     cost = {"capture_s": {reply["role"]: reply.get("capture_s") for reply in replies},
             "captured": {role: len(v) for role, v in recs.items()},
@@ -174,45 +197,57 @@ def collect(ask: Ask, keys: list[str]) -> tuple[list[dict | None], dict[str, Any
     return probes, cost
 
 
-def _request(key: str, recs: dict) -> dict | None:
-    d = recs.get("d", {}).get(key)
+def _request(rid: str, recs: dict) -> dict | None:
+    d = recs.get("d", {}).get(rid)
     if d is None:
         return None
+    of = {role: recs.get(role, {}).get(rid) or {} for role in ("d", "p", "baseline")}
     out: dict[str, Any] = {"positions_compared": d["num_prompt_tokens"],
                            "layers": {name: layer["group"] for name, layer in d["layers"].items()},
                            "block_ids_d": d["block_ids"][0],
-                           "capture_s": {role: (recs.get(role, {}).get(key) or {}).get(
-                               "capture_s") for role in ("d", "p", "baseline")},
+                           "capture_s": {role: r.get("capture_s") for role, r in of.items()},
                            # tokens per step of P's and the baseline's prefill (several:
                            # chunked, which moves the drafter's KV; README, "The KV probe")
-                           "prefill_chunks": {role: (recs.get(role, {}).get(key) or {}).get(
-                               "prefill_chunks") for role in ("p", "baseline")},
+                           "prefill_chunks": {role: of[role].get("prefill_chunks")
+                                              for role in ("p", "baseline")},
+                           # P's allocation as its prefill went: the block ids each step
+                           # gave the request first, its blocks, and where its prefill began
+                           # (a prefix hit before it)
+                           "prefill_p": {"new_blocks": of["p"].get("prefill_new_blocks"),
+                                         "block_ids": (of["p"].get("block_ids") or [[]])[0],
+                                         "start": of["p"].get("num_computed_tokens")},
                            # how each server mapped a block's slots to tokens (slot_order)
-                           "slot_order": {role: (recs.get(role, {}).get(key) or {}).get(
-                               "slot_order") for role in ("d", "p", "baseline")}}
+                           "slot_order": {role: r.get("slot_order") for role, r in of.items()}}
     for name, role in REFERENCES.items():
-        out[name] = compare(d, recs.get(role, {}).get(key))
-    out["vs_p"]["block_shift"] = block_shift(d, recs.get("p", {}).get(key))
+        out[name] = compare(d, recs.get(role, {}).get(rid))
+    out["vs_p"]["block_shift"] = block_shift(d, recs.get("p", {}).get(rid))
     return out
 
 
-def _magnitudes(ask: Ask, keys: list[str], probes: list[dict | None], recs: dict) -> None:
-    """Fetch the differing blocks from D and each reference (one request to every server),
-    and fill in the magnitudes."""
-    items = [it for k, pr in zip(keys, probes, strict=True) if pr
-             for name in REFERENCES for it in fetch_items(k, pr[name])]
-    fetched: dict[tuple[str, str, str], dict] = {}  # (role, key, layer) -> item
+def _magnitudes(ask: Ask, ids: list[str], probes: list[dict | None], recs: dict) -> None:
+    """Fetch the differing blocks of each request from D and each reference (one request to
+    every server, each answering for its own captures), and fill in the magnitudes."""
+    def rec(role: str, rid: str) -> dict:
+        return recs.get(role, {}).get(rid) or {}
+
+    items = [it for rid, pr in zip(ids, probes, strict=True) if pr
+             for name, role in REFERENCES.items() for who in ("d", role)
+             if rec(who, rid).get("req_id")
+             for it in fetch_items(rec(who, rid)["req_id"], pr[name])]
+    fetched: dict[tuple[str, str, str], dict] = {}  # (role, req_id, layer) -> item
     for reply in ask({"op": "fetch", "items": _unique(items)}) if items else []:
         for it in reply.get("items", []):
-            fetched[(reply["role"], it["key"], it["layer"])] = it
-    for k, pr in zip(keys, probes, strict=True):
+            if "missing" not in it:
+                fetched[(reply["role"], it["key"], it["layer"])] = it
+    for rid, pr in zip(ids, probes, strict=True):
         if pr is None:
             continue
-        d = recs["d"][k]
+        d = recs["d"][rid]
         for name, role in REFERENCES.items():
             diffs = {}
             for layer, blocks in pr[name]["blocks_differing"].items():
-                mine, theirs = fetched.get(("d", k, layer)), fetched.get((role, k, layer))
+                mine = fetched.get(("d", d.get("req_id"), layer))
+                theirs = fetched.get((role, rec(role, rid).get("req_id"), layer))
                 per = block_diffs([mine] if mine else [], [theirs] if theirs else [],
                                   d["num_prompt_tokens"], d["block_size"]).get(layer, {})
                 diffs[layer] = {b: per.get(b) for b in blocks}

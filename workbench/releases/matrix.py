@@ -36,7 +36,7 @@ UNCHECKED = "unchecked"
 MATRIX_VERDICTS = (*VERDICTS, UNCHECKED)
 COLORS = {"present": "tab:red", "absent": "tab:green", "inconclusive": "gold",
           "detector-broken": "black", "not-applicable": "lightgray",
-          UNCHECKED: "lightsteelblue"}
+          "run-failed": "tab:purple", UNCHECKED: "lightsteelblue"}
 
 
 def unseen(f: dict[str, Any]) -> str | None:
@@ -151,7 +151,8 @@ def write(out: Path, records: list[dict[str, Any]], command: str) -> pd.DataFram
 
 
 SHORT = {"present": "**present**", "absent": "absent", "inconclusive": "inconclusive",
-         "detector-broken": "BROKEN", "not-applicable": "n/a", UNCHECKED: "unchecked"}
+         "detector-broken": "BROKEN", "not-applicable": "n/a", "run-failed": "run failed",
+         UNCHECKED: "unchecked"}
 DOC_BEGIN, DOC_END = "<!-- findings-matrix:begin -->", "<!-- findings-matrix:end -->"
 
 

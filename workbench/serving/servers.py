@@ -312,15 +312,19 @@ class VllmServer:
             return ""
         return "\n".join(text[-lines:])
 
-    def port_clash(self) -> bool:
-        """Whether this start failed because one of its ports was taken (its output only; a
-        line that says it retries, as vLLM's data-parallel port setup does, is no failure)."""
+    def output(self) -> str:
+        """This start's own output (the log is appended to across restarts)."""
         try:
             with self.spec.log_path.open("rb") as f:
                 f.seek(self._log_offset)
-                lines = f.read().decode(errors="replace").lower().splitlines()
+                return f.read().decode(errors="replace")
         except OSError:
-            return False
+            return ""
+
+    def port_clash(self) -> bool:
+        """Whether this start failed because one of its ports was taken (its output only; a
+        line that says it retries, as vLLM's data-parallel port setup does, is no failure)."""
+        lines = self.output().lower().splitlines()
         return any(PORT_CLASH in line and "retrying" not in line for line in lines)
 
     def wait_ready(self, timeout: float = 300.0) -> float:
