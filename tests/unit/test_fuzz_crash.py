@@ -206,7 +206,40 @@ def test_the_summary_says_the_result_first(tmp_path):
     book = Book.open(tmp_path, {"space": space.to_dict(), "seed": 1, "attribute": True})
     Hunt(book, space, crashing_runner([]), None, 600, seed=1, pool=POOL, shrink_s=0).go()
     first = book.summary().splitlines()[2]
-    assert first.startswith("**1 unexplained** (crash:d): exit 1; nothing unmeasured")
-    clean = Book.open(tmp_path / "clean", {"space": space.to_dict(), "seed": 1,
-                                          "attribute": True})
-    assert clean.summary().splitlines()[2].startswith("**0 unexplained**")
+    crashed, same = book.verdicts["crash"], book.verdicts.get("same", 0)
+    assert first == (f"{book.trials} trials: {crashed} unexplained, 0 explained, {same} same, "
+                     "0 unmeasured")
+
+
+def test_no_shape_is_started_when_the_budget_left_is_less_than_the_last_start(tmp_path):
+    """The last trial's servers took 100 s to start and 50 s are left: the next shape would
+    spend the rest starting and run nothing."""
+    space = Space(shape_trials=1, budget_p=(None, 64), budget_d=(None,), k_p=(1,),
+                  block_size=(32,), kv_cache_mib=(256,), padded_drafter_batch=(True,),
+                  transfer=("direct",))
+    book = Book.open(tmp_path, {"space": space.to_dict(), "seed": 0, "attribute": True})
+    ran: list[Scenario] = []
+
+    def run(sc: Scenario) -> Trial:
+        ran.append(sc)
+        return Trial(sc, {"requests": []}, [oracle.Judged("r0", oracle.SAME)],
+                     start_seconds=100.0)
+
+    hunt = Hunt(book, space, run, None, budget_s=150, pool=POOL)
+    book.elapsed_s = 100.0  # spent before this shape
+    hunt.go()
+    assert len(ran) == 1 and book.shapes_done == [0]
+    assert book.stopped.startswith("Stopped before shape 1: 50 s of budget left")
+    summary = book.summary().splitlines()
+    assert summary[2] == "1 trials: 0 unexplained, 0 explained, 1 same, 0 unmeasured"
+    assert summary[4] == book.stopped
+
+
+def test_every_hits_smallest_case_is_kept_for_replay(tmp_path):
+    space = one_shape_space(max_requests=4, max_prompt_len=200, shape_trials=30)
+    book = Book.open(tmp_path, {"space": space.to_dict(), "seed": 1, "attribute": True})
+    Hunt(book, space, crashing_runner([]), None, 600, seed=1, pool=POOL, shrink_s=0).go()
+    for h in book.hits.values():
+        case = tmp_path / "cases" / f"{h.smallest['hash']}.json"
+        assert Scenario.from_dict(json.loads(case.read_text())).hash == h.smallest["hash"]
+    assert "--replay DIR/cases/<hash>.json" in book.summary()
