@@ -229,7 +229,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 result = session.run(cfg, progress=progress, command=command, out_dir=out)
     finally:
         progress.close()
-    print(_report(result))
+    print(_report(result, getattr(args, "verbose", False)))
     print(f"wrote {out / 'result.json'}")
     return 0
 
@@ -450,10 +450,10 @@ def _fuzz_args(fp: argparse.ArgumentParser) -> None:
     command.add_args(fp)
 
 
-def _report(result) -> str:
+def _report(result, verbose: bool = False) -> str:
     from .measuring import readout
 
-    return "\n".join([*readout.lines(result), *(f"note: {n}" for n in result.notes)])
+    return readout.report(result, verbose)
 
 
 class _Subcommand(argparse.ArgumentParser):
@@ -508,6 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one experiment and write DIR/result.json")
     _add_experiment_args(run)
     run.add_argument("--out", required=True, help="output directory")
+    run.add_argument("--verbose", action="store_true", help="print each note whole (the "
+                     "printout keeps a note's first sentence; result.json has them all)")
     _add_attach_args(run)
     run.set_defaults(func=cmd_run)
     sv = sub.add_parser("serve", help="start P, D and the baseline and keep them up until "

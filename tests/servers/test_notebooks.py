@@ -127,6 +127,8 @@ def test_tour_runs_headless_and_takes_injected_parameters(attach, small_cfg, tmp
     assert len(outputs_of(nb, "image/png")) >= 3  # both figures and the KV probe's inline
     text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     assert "in force on D" in text
+    assert f"bottom line: {fixed['bottom_line']}" in text  # the answer, as result.json has it
+    assert fixed["bottom_line"].startswith("no token differs: all 3 requests")
 
 
 def test_explorer_runs_headless_through_run_once(attach, small_cfg, tmp_path):

@@ -467,3 +467,17 @@ def test_a_missing_capture_is_no_absence(fid, name, which, keys):
     v, ev = detector(f, which)(r)
     assert v == INCONCLUSIVE and ev["comparisons_missing"] == 1, ev
     assert "could not be made" in ev["why"]
+
+
+def test_the_tables_evidence_is_cut_between_items_with_an_ellipsis():
+    text = "requests_probed=32, requests_chunked=30, requests_drafter_only_at_chunk_ends=29, x=1"
+    cut = check.clip(text, 70)
+    assert cut == "requests_probed=32, requests_chunked=30…" and len(cut) <= 70
+    assert check.clip("short", 70) == "short"
+
+
+def test_a_reports_headline_sentence_is_said_once_for_the_positions_it_fits():
+    from workbench.findings.report import said_once
+
+    same = "inconclusive, with or without D's padded load step"
+    assert said_once([same, same, "within"]) == f"positions 0, 1: {same}; position 2: within"

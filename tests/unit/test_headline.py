@@ -76,7 +76,7 @@ def test_with_no_padding_the_headline_is_the_raw_verdict_and_says_so():
 
 def test_the_printout_answers_did_the_bug_show():
     text = "\n".join(readout.lines(run_of([dict(x) for x in LEGACY])))
-    assert "position 0: D " in text and "(95%, paired)" in text
+    assert "position 0 (padded step set aside): D " in text and "(95%, paired)" in text
     assert "token agreement: 0.250 (3 of 4 requests diverged; the earliest at token" in text
     assert "too small to decide: every position is inconclusive with 4 prompts" in text
 
@@ -95,6 +95,35 @@ def test_the_committed_reference_sweep_rows_keep_their_headline_verdicts():
     # where outputs diverged the old correction subtracted their drafts: zeroed read
     # "inconclusive" corrected, "outside" raw; the headline keeps "outside"
     assert r.effect["verdict"][0] == "outside"
+
+
+def test_the_bottom_line_names_the_affected_requests_and_what_n_would_decide():
+    """The legacy hand-off on the bad-case set: the diverged requests are the affected ones."""
+    rows = [dict(x) for x in LEGACY]
+    for x, hit in zip(rows, (True, True, True, False), strict=True):
+        x["affected"] = hit
+    r = run_of(rows)
+    r.prompt_set = "badcase"
+    results.aggregate(r, rows)
+    line = r.bottom_line
+    assert line.startswith("bug visible: 3 of 3 affected requests diverged, 0 of 1 unaffected; "
+                           "acceptance vs baseline (D's padded load step set aside, n=4): "
+                           "position 0 ")
+    assert "prompts would decide" in line
+    assert r.to_dict()["bottom_line"] == line
+    fixed = run_of([dict(x) for x in FIXED]).bottom_line
+    assert fixed.startswith("no token differs: all 4 requests equal the baseline's; ")
+
+
+def test_the_printout_starts_with_the_bottom_line_and_keeps_notes_short():
+    from workbench.cli import _report
+
+    r = run_of([dict(x) for x in LEGACY])
+    r.notes = ["First sentence. Second sentence with detail."]
+    text = _report(r).splitlines()
+    assert text[0] == f"bottom line: {r.bottom_line}"
+    assert text[-1] == "note: First sentence. (more: --verbose)"
+    assert _report(r, verbose=True).splitlines()[-1].endswith("Second sentence with detail.")
 
 
 @pytest.mark.parametrize(("diff", "ci", "rate", "n", "want"), [

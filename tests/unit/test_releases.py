@@ -101,6 +101,7 @@ def test_the_native_result_is_rebuilt_from_the_committed_trial_records():
                               committed["command"]).to_dict()
     for k in ("git_commit", "created"):
         got.pop(k), committed.pop(k)
+    assert got.pop("bottom_line").startswith("tokens differ: 1 of 16")  # newer than the record
     assert got == committed
     assert committed["measurement"]["source"] == "metrics-scrape"
     assert committed["knobs"]["mode"] == "observe-only"

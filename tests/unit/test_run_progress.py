@@ -188,7 +188,8 @@ def test_readme_python_snippet_prints_verdicts_and_intervals(monkeypatch, capsys
     monkeypatch.setattr(workbench.experiment, "Session", FakeSession)
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
-    assert "position 0: D " in out and "(95%, paired)" in out
+    assert out.startswith("bottom line: ") and "(95%, paired)" in out
+    assert "position 0 (padded step set aside): D " in out
     assert "effect_headline_pos0_verdict" in out and "within" in out
     assert "effect_headline_pos0_diff_ci95_low" in out
 

@@ -356,14 +356,24 @@ def write_junit(path: Path, build: dict, outs: list[Outcome]) -> None:
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
+EVIDENCE_CHARS = 70  # the table's evidence column; check.json has the whole of it
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` cut at a word to ``width`` characters, with an ellipsis where it was cut."""
+    if len(text) <= width:
+        return text
+    return text[:width - 1].rsplit(", ", 1)[0].rstrip(",") + "…"
+
+
 def table(outs: list[Outcome]) -> str:
     """The one table ``check`` prints."""
     head = (f"{'finding':28} {'verdict':15} {'expected':9} {'controls':30} {'s':>5}  "
             "evidence")
     lines = [head, "-" * len(head)]
     for o in outs:
-        ev = ", ".join(f"{k}={v}" for k, v in o.evidence.items()
-                       if isinstance(v, (int, float, str)) and k != "why")[:70]
+        ev = clip(", ".join(f"{k}={v}" for k, v in o.evidence.items()
+                            if isinstance(v, (int, float, str)) and k != "why"), EVIDENCE_CHARS)
         why = o.evidence.get("why")
         mark = "" if o.ok else "  <-- differs"
         ctl = controls_line(o.controls)

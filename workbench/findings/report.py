@@ -178,10 +178,20 @@ def observed(result: dict) -> list[str]:
                      f"{[round(x, 3) for x in eff['per_position_diff']]}, 95% intervals {ci}; "
                      f"verdict against vLLM's 5% tolerance: {eff.get('verdict')}")
     if (head := eff.get("headline")) and head.get("attributed"):
-        lines.append("- headline verdict per position: " + "; ".join(head["says"]))
+        lines.append("- headline verdict per position: " + said_once(head["says"]))
     if result.get("token_agreement") is not None:
         lines.append(f"- token agreement D vs baseline: {result['token_agreement']:.3f}")
     return lines
+
+
+def said_once(says: list[str]) -> str:
+    """Per-position sentences with the positions that say the same thing grouped: "positions
+    0, 1, 2: inconclusive, with or without ..." rather than the sentence three times."""
+    groups: dict[str, list[int]] = {}
+    for i, text in enumerate(says):
+        groups.setdefault(text, []).append(i)
+    return "; ".join(f"position{'s' if len(ps) > 1 else ''} {', '.join(map(str, ps))}: {text}"
+                     for text, ps in groups.items())
 
 
 def figure(f: Finding, result: dict, out: Path) -> str | None:

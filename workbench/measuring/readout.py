@@ -1,4 +1,5 @@
-"""What one run tells its user, as the lines ``run`` prints: did the bug show?
+"""What one run tells its user, as the lines ``run`` prints: did the bug show? The first is
+the bottom line (``bottom_line``, also in ``result.json``).
 
 Per position: both sides' rates, D minus the baseline paired by request with its 95%
 interval, and the headline verdict (known findings attributed, the raw verdict beside it);
@@ -12,6 +13,55 @@ import math
 from typing import Any
 
 from .stats import INCONCLUSIVE, TOLERANCE
+
+
+def bottom_line(result: Any) -> str | None:
+    """The run's answer in one line: token agreement (by affected / unaffected request where
+    the prompt set is built that way), then per position the headline verdict, which rate it
+    is about, its n and how many prompts would decide an inconclusive one."""
+    parts = [p for p in (tokens_part(result), acceptance_part(result)) if p]
+    return "; ".join(parts) or None
+
+
+def tokens_part(result: Any) -> str | None:
+    both = [r for r in result.requests if r.get("agree") is not None]
+    if not both:
+        return None
+    off = [r for r in both if not r["agree"]]
+    groups = {a: [r for r in both if bool(r.get("affected")) is a] for a in (True, False)}
+    if (getattr(result, "prompt_set", None) or (result.config or {}).get("prompt_set")) \
+            == "badcase" and all(groups.values()):
+        hit = {a: sum(not r["agree"] for r in g) for a, g in groups.items()}
+        head = "bug visible" if hit[True] and not hit[False] else (
+            "tokens differ" if off else "no token differs")
+        return (f"{head}: {hit[True]} of {len(groups[True])} affected requests diverged, "
+                f"{hit[False]} of {len(groups[False])} unaffected")
+    if not off:
+        return f"no token differs: all {len(both)} requests equal the baseline's"
+    return f"tokens differ: {len(off)} of {len(both)} requests diverged from the baseline"
+
+
+def acceptance_part(result: Any) -> str | None:
+    head = (result.effect or {}).get("headline")
+    if not head or not result.baseline:
+        return None
+    which = ("D's padded load step set aside" if head["attributed"] else "raw rates")
+    n = result.num_prompts
+    said = []
+    for i, v in enumerate(head["verdict"]):
+        need = (prompts_needed(head["per_position_diff"][i], head["per_position_diff_ci95"][i],
+                               result.baseline["per_position"][i], n)
+                if v == INCONCLUSIVE else None)
+        said.append(f"{i} {v}" + (f" (~{need} prompts would decide)" if need else ""))
+    return f"acceptance vs baseline ({which}, n={n}): position " + ", ".join(said)
+
+
+def report(result: Any, verbose: bool = False) -> str:
+    """What ``run`` prints and the notebook shows: the bottom line first, then the detail;
+    each note in its first sentence unless ``verbose`` (``result.json`` keeps them whole)."""
+    notes = [n if verbose else first_sentence(n) for n in result.notes]
+    head = [f"bottom line: {result.bottom_line}"] if result.bottom_line else []
+    return "\n".join([*head, *lines(result), *(f"note: {n}" for n in notes)])
 
 
 def lines(result: Any) -> list[str]:
@@ -37,7 +87,8 @@ def runner_line(by_role: dict[str, str]) -> str:
 
 def side_line(side: str, s: dict) -> str:
     rates = " / ".join(f"{r:.3f}" for r in s["per_position"])
-    return (f"{side:>8}: per position {rates}  acceptance length {s['acceptance_length']:.3f}"
+    return (f"{side:>8}: raw per position {rates}  acceptance length "
+            f"{s['acceptance_length']:.3f}"
             f"  drafts {s['num_drafts']} ({s.get('num_requests')} requests)")
 
 
@@ -49,7 +100,9 @@ def position_lines(pd_: dict, base: dict, head: dict) -> list[str]:
                                              head["per_position_diff_ci95"], head["says"],
                                              strict=True)):
         interval = f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "[no interval]"
-        out.append(f"position {i}: D {shown[i]:.3f} vs baseline {base['per_position'][i]:.3f}, "
+        which = "padded step set aside" if head["attributed"] else "raw"
+        out.append(f"position {i} ({which}): D {shown[i]:.3f} vs baseline "
+                   f"{base['per_position'][i]:.3f}, "
                    f"D - baseline {_num(diff)} {interval} (95%, paired) -> {says}")
     return out
 
@@ -90,3 +143,9 @@ def prompts_needed(diff: float | None, ci: list[float] | None, base_rate: float,
 
 def _num(v: float | None) -> str:
     return "n/a" if v is None else f"{v:+.3f}"
+
+
+def first_sentence(note: str) -> str:
+    """A note up to its first full stop (the rest: ``--verbose`` and ``result.json``)."""
+    cut = note.find(". ")
+    return note if cut < 0 else note[:cut + 1] + " (more: --verbose)"

@@ -42,6 +42,8 @@ class Result:
     token_agreement: float | None
     requests: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # The answer in one line, first in ``run``'s printout (``readout.bottom_line``).
+    bottom_line: str | None = None
     complete: bool = True
     error: str | None = None
     # How the counts were measured: "source" ("per-request" or "metrics-scrape"),
@@ -254,6 +256,9 @@ def aggregate(result: Result, rows: list[dict]) -> None:
         result.token_agreement = sum(r["agree"] for r in both) / len(both)
         add_extra_drafts(result, both)
         result.effect = effect(both)
+    from .readout import bottom_line
+
+    result.bottom_line = bottom_line(result)
 
 
 def side_summary(rows: list[dict], side: str, measurement: dict) -> dict:
