@@ -3,6 +3,7 @@ made when it has none (older result.json), and values of 0 / no data visible as 
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 from types import SimpleNamespace
 
@@ -126,7 +127,8 @@ def test_per_position_draws_the_intervals_as_whiskers(tmp_path, figures, with_ci
     # D's bars and the baseline's bars, from [low, high]; the legacy run has none.
     assert drawn == sorted([(0.75, 0.85), (0.45, 0.56), (0.76, 0.84), (0.47, 0.57)])
     said = [t for t in legend_texts(ax) if t.startswith("whiskers:")]
-    assert said == ["whiskers: 95% bootstrap interval (requests resampled),\neach bar its own"]
+    assert said == ["whiskers: 95% bootstrap interval (requests resampled),\neach bar its own, "
+                    "not the paired\ninterval of D - baseline the verdict uses"]
 
 
 def test_per_position_without_intervals_has_no_whiskers(tmp_path, figures, legacy):
@@ -221,6 +223,29 @@ def test_padded_aside_sets_aside_only_the_padding_in_an_older_record(with_ci):
     assert plots.padded_aside(with_ci) is None  # no request has the padding
     with_ci.requests = [row(False, 8, True)]
     assert plots.padded_aside(with_ci) is None  # the record cannot tell
+
+
+def test_the_bar_is_the_value_its_verdict_is_about_and_the_raw_rate_a_mark(tmp_path, with_ci):
+    """The headline sets D's padded load step aside: D's bar is that rate (what "within" is
+    about), vLLM's raw rate a mark on it; read from the figure's metadata, not its pixels."""
+    from PIL import Image
+
+    with_ci.pd["per_position_without_extra_drafts"] = [0.82, 0.51]
+    with_ci.effect = {"headline": {"verdict": ["within", "inconclusive"],
+                                   "attributed": ["padded-load-step"],
+                                   "per_position_diff_ci95": [[0.0, 0.0], None]}}
+    plots.per_position([with_ci], tmp_path)
+    meta = json.loads(Image.open(tmp_path / "per_position.png").text["Description"])
+    (drawn,) = meta["drawn"]
+    assert drawn["d_bar"] == [0.82, 0.51] and drawn["raw_mark"] == [0.8, 0.5]
+    assert drawn["verdicts"] == ["within", "inconclusive"]
+    assert drawn["d_whisker"] is None  # no per-bar interval for the set-aside rate
+    assert "token" in drawn["caption"]  # token agreement under every group
+    with_ci.effect["headline"]["attributed"] = []
+    (raw,) = plots.per_position([with_ci], tmp_path / "raw") and [
+        json.loads(Image.open(tmp_path / "raw" / "per_position.png").text["Description"])[
+            "drawn"][0]]
+    assert raw["d_bar"] == [0.8, 0.5] and raw["raw_mark"] is None
 
 
 def test_padded_aside_follows_the_headline(with_ci):
@@ -481,3 +506,24 @@ def test_kv_figure_writes_its_files(tmp_path):
     paths = kv_plots.kv_probe([kv_result("legacy")], tmp_path, stem="kv")
     assert [p.name for p in paths] == [f"kv.{e}" for e in EXTS]
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_padded_load_steps_report_figure_draws_its_evidence_and_no_set_aside_verdict(
+        tmp_path):
+    """``check --only padded-load-step --report``'s figure, from the committed 0.32.0 run: D's
+    extra draft per request and the verdict on vLLM's raw rates; no "within" that sets the
+    padding aside (the report is about exactly that padding)."""
+    from PIL import Image
+
+    from workbench.findings import FINDINGS, report
+    from workbench.paths import DATA
+
+    res = json.loads((DATA / "releases" / "history" / "0.32.0" / "runs" /
+                      "padded-load-step-main" / "result.json").read_text())
+    name = report.figure(FINDINGS["padded-load-step"], res, tmp_path)
+    drawn = json.loads(Image.open(tmp_path / name).text["Description"])["drawn"]
+    rows = [q for q in res["requests"] if "extra_pd_drafts" in q]
+    assert drawn["extra_drafts"] == [q["extra_pd_drafts"] for q in rows]
+    assert sum(drawn["padded"]) == sum(q["padded_load_step"] for q in rows) > 0
+    assert drawn["raw_verdict"] == res["effect"]["verdict"]
+    assert "d_bar" not in json.dumps(drawn)  # not the per-position figure and its headline

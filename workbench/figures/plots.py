@@ -49,6 +49,8 @@ CI_NOTE = f"\n(whiskers: {CI_WORDS})"
 MIN_MAX_WORDS = "min to max over the repeats"
 PAIRED_WORDS = "95% interval of D - baseline, paired by request"
 ASIDE_WORDS = "D with its padded load step set aside\n(finding padded-load-step)"
+RAW_MARK_WORDS = ("vLLM's raw rate on D, where its bar sets\nD's padded load step aside "
+                  "(finding\npadded-load-step), as the verdict does")
 BASELINE_WORDS = "standalone baseline, same requests"
 BASELINE_HATCH = "////"
 VERDICT_COLOR = {"within": "tab:green", "outside": "tab:red", "inconclusive": "dimgray"}
@@ -119,24 +121,43 @@ def padded_aside(r: Result) -> Aside | None:
 
 @dataclass
 class Pair:
-    """One setting's bars: D's per-position rates beside its own baseline's (same requests)."""
+    """One setting's bars: D's per-position rates beside its own baseline's (same requests).
+    ``d`` is what the verdict above it is about: the rates with D's padded load step set
+    aside where the headline attributes it (``raw`` then holds vLLM's raw rates, drawn as a
+    mark), else the raw rates."""
 
     caption: str
     d: np.ndarray
     d_err: np.ndarray | None
     base: np.ndarray | None
     base_err: np.ndarray | None
-    aside: np.ndarray | None = None
+    raw: np.ndarray | None = None
     verdicts: list[str] | None = None
     diverged: bool = False
+
+    def drawn(self) -> dict:
+        """What the figure draws, for its metadata and the tests that read it."""
+        def values(a):
+            return None if a is None else [round(float(x), 6) for x in a]
+
+        return {"caption": self.caption, "d_bar": values(self.d), "raw_mark": values(self.raw),
+                "baseline_bar": values(self.base), "verdicts": self.verdicts,
+                "d_whisker": "own 95% interval" if self.d_err is not None else None}
 
 
 def _pair_of(r: Result) -> Pair:
     aside = padded_aside(r)
-    return Pair(caption(r), np.asarray(r.pd["per_position"], dtype=float), _side_err(r.pd),
-                np.asarray(r.baseline["per_position"], dtype=float) if r.baseline else None,
-                _side_err(r.baseline), np.asarray(aside.rates, dtype=float) if aside else None,
-                verdicts(r)[0], diverged(r))
+    raw = np.asarray(r.pd["per_position"], dtype=float)
+    if aside is not None:  # the bar is the headline's value, the raw rate a mark on it
+        return Pair(caption(r), np.asarray(aside.rates, dtype=float), None, *_base(r), raw,
+                    verdicts(r)[0], diverged(r))
+    return Pair(caption(r), raw, _side_err(r.pd), *_base(r), None, verdicts(r)[0],
+                diverged(r))
+
+
+def _base(r: Result) -> tuple[np.ndarray | None, np.ndarray | None]:
+    return (np.asarray(r.baseline["per_position"], dtype=float) if r.baseline else None,
+            _side_err(r.baseline))
 
 
 def per_position(results: Sequence[Result], out_dir, stem="per_position") -> list[Path]:
@@ -144,8 +165,8 @@ def per_position(results: Sequence[Result], out_dir, stem="per_position") -> lis
     its own baseline's (the same requests of the same run), each with its own whisker; under
     the group the setting, its prompt set, n and token agreement; above each pair the verdict."""
     results = [r for r in results if r.pd]
-    whiskers = ([f"{CI_WORDS},\neach bar its own"] if any(_has_ci(r) for r in results)
-                else [])
+    whiskers = ([f"{CI_WORDS},\neach bar its own, not the paired\ninterval of D - baseline "
+                  "the verdict uses"] if any(_has_ci(r) for r in results) else [])
     return _pairs_figure([_pair_of(r) for r in results], whiskers,
                          {verdicts(r)[1] for r in results} - {None},
                          len({r.prompt_set for r in results}) > 1, out_dir, stem,
@@ -162,12 +183,12 @@ def _pairs_figure(pairs: list[Pair], whiskers: list[str], bases: set[str], unlik
         ax.set_xlim(-0.6, len(pairs) - 0.4)
         ax.set_ylabel("per-position acceptance")
         ax.set_ylim(0, max([1.0, *(t + 0.02 for t in tops)]))
-        _pair_legend(ax, k, whiskers, any(p.aside is not None for p in pairs), bases,
+        _pair_legend(ax, k, whiskers, any(p.raw is not None for p in pairs), bases,
                      flag_diverged(ax, [p.diverged for p in pairs]))
         ax.set_title("Per-position acceptance on D beside its own baseline\n(the "
                      "standalone server on the same requests)" + (UNLIKE_NOTE if unlike else ""),
                      fontsize=9)
-        return save(fig, out_dir, stem, prov)
+        return save(fig, out_dir, stem, {**prov, "drawn": [p.drawn() for p in pairs]})
 
 
 def _group_size(groups: int, k: int) -> tuple[float, float]:
@@ -191,11 +212,10 @@ def _draw_pair(ax, g: int, p: Pair) -> float:
                linewidth=0.6, hatch=BASELINE_HATCH, yerr=p.base_err, capsize=2,
                error_kw=err_kw)
     mark_small(ax, xb, base)
-    if p.aside is not None:  # left of the bar's centre, clear of its whisker
-        ax.plot(xd - width / 4, p.aside, "o", mfc="white", mec="black", ms=4, mew=0.9,
-                zorder=3)
+    if p.raw is not None:  # vLLM's raw rate, its padded load step counted
+        ax.plot(xd, p.raw, "_", color="black", ms=9, mew=1.4, zorder=3)
     tops = np.nanmax(np.vstack([_top(p.d, p.d_err), _top(base, p.base_err),
-                                p.aside if p.aside is not None else np.full(k, np.nan),
+                                p.raw if p.raw is not None else np.full(k, np.nan),
                                 np.zeros(k)]), axis=0)
     for i, word in enumerate((p.verdicts or [])[:k]):
         ax.text((xd[i] + xb[i]) / 2, tops[i] + 0.02, word, rotation=90, ha="center",
@@ -216,8 +236,8 @@ def _pair_legend(ax, k: int, whiskers: list[str], aside: bool, bases: set[str],
     handles += [Line2D([], [], color="black", marker="|", ms=10, mew=1, ls="none",
                        label=f"whiskers: {w}") for w in whiskers]
     if aside:
-        handles.append(Line2D([], [], marker="o", mfc="white", mec="black", ms=4, ls="none",
-                              label=ASIDE_WORDS))
+        handles.append(Line2D([], [], marker="_", color="black", ms=9, mew=1.4, ls="none",
+                              label=RAW_MARK_WORDS))
     if flagged:
         handles.append(_words_only(DIVERGED_WORDS))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -279,6 +299,35 @@ def mark_small(ax, xs, values) -> list:
                              va="bottom", rotation=90, fontsize=6,
                              gid=f"{where}-{len(ax.texts)}", **style))
     return texts
+
+
+def extra_drafts(results: Sequence[Result], out_dir, stem="extra_drafts") -> list[Path]:
+    """D's drafts minus the baseline's, request by request (the padded load step's own
+    evidence: one extra all-rejected draft in each request whose tokens equal the baseline's),
+    with the verdict on vLLM's raw rates, the rates a user reads, beside it. Nothing here sets
+    the padding aside."""
+    r = next(x for x in results if x.pd)
+    rows = [q for q in r.requests if "extra_pd_drafts" in q]
+    extra = [int(q["extra_pd_drafts"]) for q in rows]
+    padded = [bool(q.get("padded_load_step")) for q in rows]
+    raw = list(((r.effect or {}).get("verdict")) or [])
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(max(4.5, 0.35 * len(rows) + 1.5), 3.0))
+        ax.bar(range(len(rows)), extra, color=["tab:red" if p else "0.6" for p in padded])
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks(range(len(rows)), [q.get("id", "") for q in rows], rotation=90,
+                      fontsize=6)
+        ax.set_ylabel("D's drafts - baseline's")
+        ax.legend(handles=[Patch(color="tab:red", label="padded load step: tokens equal,\n"
+                                 "one all-rejected draft more"),
+                           Patch(color="0.6", label="other requests")],
+                  fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+        ax.set_title(f"{sum(padded)} of {len(rows)} requests: D counts one draft more than the "
+                     f"baseline\nverdict on vLLM's raw rates, per position: {', '.join(raw)}",
+                     fontsize=8)
+        drawn = {"extra_drafts": extra, "padded": padded, "raw_verdict": raw,
+                 "requests": [q.get("id") for q in rows]}
+        return save(fig, out_dir, stem, {**provenance([r]), "drawn": drawn})
 
 
 def relative_error(results: Sequence[Result], out_dir, stem="relative_error") -> list[Path]:
@@ -535,13 +584,16 @@ def _spread_pair(g: list[Result]) -> Pair:
         bmean = base.mean(axis=0)
         berr = _spread_err(base, bmean, with_base[0].baseline)
     asides = [padded_aside(r) for r in g]
-    aside = (np.mean([a.rates for a in asides], axis=0)
-             if all(a is not None for a in asides) else None)
     said = [verdicts(r)[0] for r in g]
     words = (said[0] if all(s == said[0] for s in said) else
              ["varies" for _ in range(len(mean))]) if all(said) else None
+    if all(a is not None for a in asides):  # the bar is what the verdict is about
+        aside = np.array([a.rates for a in asides], dtype=float)
+        err = _spread_err(aside, aside.mean(axis=0), {}) if len(g) > 1 else None
+        return Pair(_spread_caption(g), aside.mean(axis=0), err, bmean, berr, mean, words,
+                    any(diverged(r) for r in g))
     return Pair(_spread_caption(g), mean, _spread_err(pd_, mean, g[0].pd), bmean, berr,
-                aside, words, any(diverged(r) for r in g))
+                None, words, any(diverged(r) for r in g))
 
 
 def _spread_caption(g: list[Result]) -> str:

@@ -67,7 +67,7 @@ class Finding:
     measured: tuple[str, ...] = ()
     inferred: tuple[str, ...] = ()
     fix: str | None = None
-    figure: str = "per_position"  # or "kv_probe": what a report draws
+    figure: str = "per_position"  # or "kv_probe", "extra_drafts": what a report draws
     # The negative control read another way from its run (the same run, when ``negative`` is
     # empty): the CPU forward thread after the profile's restore.
     negative_detect: Detector | None = None

@@ -58,5 +58,6 @@ FINDING = Finding(
               "vLLM PR #50173's gate tests a synchronous external hit, which NIXL never reports "
               "(get_num_new_matched_tokens returns load_kv_async=True for remote prefill)"),
     fix="patches/vllm-0.32.0/padded-load-step.patch",
+    figure="extra_drafts",  # its evidence: one draft more per request, not a set-aside rate
     explains=("drafts",),  # one draft more; tokens and accepted counts unchanged
 )

@@ -195,12 +195,14 @@ def said_once(says: list[str]) -> str:
 
 
 def figure(f: Finding, result: dict, out: Path) -> str | None:
-    """The finding's figure beside its page (PNG); None when there is nothing to draw."""
+    """The finding's figure beside its page (PNG); None when there is nothing to draw. It
+    draws the finding's own evidence (``Finding.figure``), never a verdict that sets the
+    finding aside."""
     from ..figures import kv_plots, plots
 
-    r = Result(**result)
-    made = (kv_plots.kv_probe([r], out, stem=f.id) if f.figure == "kv_probe"
-            else plots.per_position([r], out, stem=f.id))
+    draw = {"kv_probe": kv_plots.kv_probe, "extra_drafts": plots.extra_drafts}.get(
+        f.figure, plots.per_position)
+    made = draw([Result(**result)], out, stem=f.id)
     png = next((p for p in made or [] if str(p).endswith(".png")), None)
     return Path(png).name if png else None
 
