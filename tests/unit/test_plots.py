@@ -527,3 +527,13 @@ def test_padded_load_steps_report_figure_draws_its_evidence_and_no_set_aside_ver
     assert sum(drawn["padded"]) == sum(q["padded_load_step"] for q in rows) > 0
     assert drawn["raw_verdict"] == res["effect"]["verdict"]
     assert "d_bar" not in json.dumps(drawn)  # not the per-position figure and its headline
+
+
+def test_kv_summary_bars_are_named_in_words_and_a_zero_bar_is_seen(kv_figure):
+    """The right panel told its four bars apart by colour alone and drew nothing for 0."""
+    fig, _ = kv_figure
+    right = next(ax for ax in fig.axes if ax.get_xlabel().startswith("share of requests"))
+    said = {t.get_gid() for t in right.texts}
+    assert "target, unaffected: 0.00" in said and "drafter, unaffected: 0.50" in said
+    zero_ticks = [ln for ln in right.lines if ln.get_marker() == "|"]
+    assert len(zero_ticks) == 2  # target, unaffected is 0 in both runs

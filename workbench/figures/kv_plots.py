@@ -137,10 +137,13 @@ def _summary_panel(ax, results: Sequence[Result]) -> None:
         ax.barh(ys + dy, [v if v is not None else 0 for v in vals], height=0.2, color=color,
                 label=f"{group}, {split}")
         for y, v in zip(ys + dy, vals, strict=True):
-            if v is not None:  # None: no request in that split (nothing to draw)
-                ax.text(min(v, 1) + 0.01, y, f"{v:.2f}", va="center", fontsize=6)
+            # each bar named in words (not by colour alone); a zero bar gets a tick to be seen
+            words = f"{group}, {split}: " + ("no request" if v is None else f"{v:.2f}")
+            ax.text(min(v or 0, 1) + 0.01, y, words, va="center", fontsize=5.5, gid=words)
+            if v == 0:
+                ax.plot([0], [y], marker="|", color=color, ms=6, mew=2)
     ax.set_yticks(ys, names)
-    ax.set_xlim(0, 1.12)
+    ax.set_xlim(0, 1.45)  # room for the words after a full bar
     ax.set_xlabel("share of requests whose KV on D differs from the baseline")
     ax.invert_yaxis()
 
