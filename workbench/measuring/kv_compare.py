@@ -9,7 +9,7 @@ largest absolute difference is computed. Only those blocks ever leave the server
 
 "Identical" is bit-identical (equal digests). Against P that is the right test: NIXL copies
 bytes. Against the baseline it is the measured noise floor on the CPU: with every fix in place
-D's KV equalled the baseline's bit for bit in every layer (README, "The KV probe").
+D's KV equalled the baseline's bit for bit in every layer (docs/kv-probe.md).
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def _request(rid: str, recs: dict) -> dict | None:
                            "block_ids_d": d["block_ids"][0],
                            "capture_s": {role: r.get("capture_s") for role, r in of.items()},
                            # tokens per step of P's and the baseline's prefill (several:
-                           # chunked, which moves the drafter's KV; README, "The KV probe")
+                           # chunked, which moves the drafter's KV; docs/kv-probe.md)
                            "prefill_chunks": {role: of[role].get("prefill_chunks")
                                               for role in ("p", "baseline")},
                            # P's allocation as its prefill went: the block ids each step
