@@ -9,7 +9,7 @@ STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
 
-.PHONY: setup install test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases release-env check check-devbuild connectors check-connectors check-runners runner-cost runner-handoff fuzz fuzz-power history
+.PHONY: setup install test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases release-env check check-devbuild connectors check-connectors check-runners runner-cost runner-handoff fuzz fuzz-power history upstream
 
 # The stamp holds a hash of what the install reads, not a time: a fresh clone of an installed
 # tree (every file newer than the stamp) installs nothing, a changed lock installs again.
@@ -125,6 +125,13 @@ FUZZ_OUT ?= data/fuzz/run
 FUZZ_ARGS ?=
 fuzz: setup
 	$(PY) -m workbench fuzz --budget $(FUZZ_BUDGET) --out $(FUZZ_OUT) $(FUZZ_ARGS) || test $$? -eq 1
+
+# Each finding's test in vLLM's own tests/ layout (upstream/<id>/), run with vLLM's helpers from
+# the installed release's sdist (cached under .cache/): it must fail there and pass with the
+# finding's patch (docs/upstream.md). Seconds per finding, no server.
+UPSTREAM_OUT ?= data/upstream
+upstream: setup
+	$(PY) -m workbench upstream --out $(UPSTREAM_OUT)
 
 # How well the fuzzer hunts (benchmarks/fuzz_power.py): mutation score, rediscovery, false
 # alarms on the patched dev build, throughput; prints the four figures (docs/fuzz.md).

@@ -444,6 +444,19 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return command.main(args)
 
 
+def cmd_upstream(args: argparse.Namespace) -> int:
+    """Each finding's vLLM-layout test on the release and on its fix (``workbench/upstream/``)."""
+    from .upstream import command
+
+    return command.main(args)
+
+
+def _upstream_args(up: argparse.ArgumentParser) -> None:
+    from .upstream import command
+
+    command.add_args(up)
+
+
 def _fuzz_args(fp: argparse.ArgumentParser) -> None:
     from .fuzz import command
 
@@ -491,6 +504,10 @@ def _add_deferred(sub) -> None:
          "search generated scheduling scenarios (chunking, prefix sharing, arrivals, aborts, "
          "k, block size, KV pressure) for differences between PD and the baseline that no "
          "known finding explains, and shrink each to a minimal case (Hypothesis)"),
+        ("upstream", _upstream_args, cmd_upstream,
+         "run each finding's test written for vLLM's own tests/ tree (upstream/<id>/) with "
+         "vLLM's helpers from the release's source distribution: it must fail on the "
+         "installed release and pass with the finding's fix; DIR/upstream.json"),
         ("devbuild", _devbuild_args, cmd_devbuild,
          "lay the installed vLLM into a new directory as links, as the next dev version of "
          "its release (e.g. 0.32.0 -> 0.32.1.dev1+g0000000; --version), with git-style "

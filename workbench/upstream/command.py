@@ -1,0 +1,118 @@
+"""The flags of ``python -m workbench upstream``, each finding's test on the release and on
+its fix, and ``DIR/upstream.json``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..config import ConfigError
+from ..paths import REPO
+from ..provenance import atomic_write_json
+from . import tree
+
+FINDINGS = REPO / "upstream"
+PATCHES = REPO / "patches"
+FAILS, PASSES, ERROR, NO_PATCH = "fails", "passes", "error", "no patch"
+# pytest: 0 every test passed, 1 some failed; anything else (collection, usage) is no answer
+OUTCOME = {0: PASSES, 1: FAILS}
+
+
+@dataclass
+class Upstream:
+    """One finding's test, as vLLM's CI would run it, on the release and on its fix."""
+
+    id: str
+    test: str  # its path in vLLM's tree
+    vllm: str
+    released: str  # fails (expected) / passes / error
+    patched: str  # passes (expected) / fails / error / no patch
+    seconds: float
+    detail: str = ""  # the failing assertion's line, on the release
+
+    @property
+    def expected(self) -> bool:
+        return self.released == FAILS and self.patched in (PASSES, NO_PATCH)
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--out", required=True, help="directory for upstream.json")
+    ap.add_argument("--only", help="comma-separated finding ids (default: every upstream/ dir)")
+
+
+def findings(only: str | None) -> list[Path]:
+    have = sorted(p for p in FINDINGS.iterdir() if p.is_dir())
+    if not only:
+        return have
+    want = [x.strip() for x in only.split(",") if x.strip()]
+    unknown = sorted(set(want) - {p.name for p in have})
+    if unknown:
+        raise ConfigError(f"--only {unknown}: no such upstream/ finding; allowed: "
+                          f"{', '.join(p.name for p in have)}")
+    return [p for p in have if p.name in want]
+
+
+def pytest(test: Path, root: Path, build: Path | None) -> tuple[str, str]:
+    """Run one placed test from the tree's root (``tests`` importable, vLLM's conftest files
+    left out: they need vLLM's test requirements, the helpers do not); with ``build`` first on
+    ``PYTHONPATH``."""
+    path = os.pathsep.join(str(p) for p in (build, root) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                           "--noconftest", str(test.relative_to(root))], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    said = next((ln.strip() for ln in proc.stdout.splitlines() if ln.startswith("E   ")), "")
+    return OUTCOME.get(proc.returncode, ERROR), said[4:].strip()
+
+
+def patched(fid: str, release: str, test: Path, root: Path) -> str:
+    patch = PATCHES / f"vllm-{release}" / f"{fid}.patch"
+    if not patch.exists():
+        return NO_PATCH
+    from .. import devbuild
+
+    with tempfile.TemporaryDirectory(prefix="workbench-upstream-") as tmp:
+        build = devbuild.make(Path(tmp) / "build", patches=[patch])
+        return pytest(test, root, build)[0]
+
+
+def one(d: Path, release: str, root: Path) -> Upstream:
+    t0 = time.monotonic()
+    test = next(d.glob("test_*.py"))
+    placed = tree.place(test, root)
+    released, said = pytest(placed, root, None)
+    fixed = patched(d.name, release, placed, root)
+    return Upstream(d.name, tree.location(test), release, released, fixed,
+                    round(time.monotonic() - t0, 1), said)
+
+
+def table(rows: list[Upstream]) -> str:
+    head = f"{'finding':28} {'vLLM':8} {'released':9} {'patched':9} {'s':>5}  test"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        mark = "" if r.expected else "  <-- unexpected"
+        lines.append(f"{r.id:28} {r.vllm:8} {r.released:9} {r.patched:9} {r.seconds:5.0f}  "
+                     f"{r.test}{mark}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Exit 0 when every test fails on the release and passes with its fix (or has none)."""
+    from ..knobs import release
+
+    dirs = findings(args.only)
+    rel = release.current().version
+    root = tree.tests_tree(rel)
+    rows = [one(d, rel, root) for d in dirs]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "upstream.json", {"vllm": rel, "findings": [
+        {**asdict(r), "expected": r.expected} for r in rows]}, indent=1, portable=True)
+    print(table(rows))
+    return 0 if all(r.expected for r in rows) else 1
