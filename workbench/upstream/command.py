@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import ConfigError
-from ..paths import REPO
+from ..paths import DEFAULT_TARGET, REPO
 from ..provenance import atomic_write_json
 from . import tree
 
@@ -61,9 +61,11 @@ def findings(only: str | None) -> list[Path]:
 def pytest(test: Path, root: Path, build: Path | None) -> tuple[str, str]:
     """Run one placed test from the tree's root (``tests`` importable, vLLM's conftest files
     left out: they need vLLM's test requirements, the helpers do not); with ``build`` first on
-    ``PYTHONPATH``."""
+    ``PYTHONPATH``; ``VLLM_TEST_MODEL``: the shipped target, for a helper that reads a model's
+    config (offline)."""
     path = os.pathsep.join(str(p) for p in (build, root) if p)
-    env = {**os.environ, "PYTHONPATH": path}
+    # a test whose helper reads a model's config takes it from here, not from the hub
+    env = {"VLLM_TEST_MODEL": str(DEFAULT_TARGET), **os.environ, "PYTHONPATH": path}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                            "--noconftest", str(test.relative_to(root))], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600)
