@@ -59,15 +59,17 @@ def findings(only: str | None) -> list[Path]:
 
 
 def pytest(test: Path, root: Path, build: Path | None) -> tuple[str, str]:
-    """Run one placed test from the tree's root (``tests`` importable, vLLM's conftest files
-    left out: they need vLLM's test requirements, the helpers do not); with ``build`` first on
+    """Run one placed test from the tree's root (``tests`` importable; only the conftest files
+    of the test's own directory, ``--confcutdir``: ``tests/conftest.py`` needs vLLM's test
+    requirements, the helpers and their directory's fixtures do not); with ``build`` first on
     ``PYTHONPATH``; ``VLLM_TEST_MODEL``: the shipped target, for a helper that reads a model's
     config (offline)."""
     path = os.pathsep.join(str(p) for p in (build, root) if p)
     # a test whose helper reads a model's config takes it from here, not from the hub
     env = {"VLLM_TEST_MODEL": str(DEFAULT_TARGET), **os.environ, "PYTHONPATH": path}
+    rel = test.relative_to(root)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                           "--noconftest", str(test.relative_to(root))], cwd=root, env=env,
+                           f"--confcutdir={rel.parent}", str(rel)], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600)
     said = next((ln.strip() for ln in proc.stdout.splitlines() if ln.startswith("E   ")), "")
     return OUTCOME.get(proc.returncode, ERROR), said[4:].strip()
