@@ -23,6 +23,7 @@ import numpy as np
 from matplotlib.colors import to_rgba
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from ..measuring.results import Result, is_padded_load_step
 from . import kv_plots
@@ -318,12 +319,14 @@ def extra_drafts(results: Sequence[Result], out_dir, stem="extra_drafts") -> lis
         ax.set_xticks(range(len(rows)), [q.get("id", "") for q in rows], rotation=90,
                       fontsize=6)
         ax.set_ylabel("D's drafts - baseline's")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # whole drafts
         ax.legend(handles=[Patch(color="tab:red", label="padded load step: tokens equal,\n"
                                  "one all-rejected draft more"),
                            Patch(color="0.6", label="other requests")],
                   fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-        ax.set_title(f"{sum(padded)} of {len(rows)} requests: D counts one draft more than the "
-                     f"baseline\nverdict on vLLM's raw rates, per position: {', '.join(raw)}",
+        ax.set_title(f"{sum(padded)} of {len(rows)} requests have D's padded load step (one "
+                     f"all-rejected draft more)\nverdict on vLLM's raw rates, per position: "
+                     f"{', '.join(raw)}",
                      fontsize=8)
         drawn = {"extra_drafts": extra, "padded": padded, "raw_verdict": raw,
                  "requests": [q.get("id") for q in rows]}
