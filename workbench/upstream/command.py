@@ -88,7 +88,9 @@ def patched(fid: str, release: str, test: Path, root: Path) -> str:
 
 def one(d: Path, release: str, root: Path) -> Upstream:
     t0 = time.monotonic()
-    test = next(d.glob("test_*.py"))
+    test = next(d.glob("test_*.py"), None)
+    if test is None:
+        raise ConfigError(f"{d}: no test_*.py (each upstream/ finding has its vLLM-layout test)")
     placed = tree.place(test, root)
     released, said = pytest(placed, root, None)
     fixed = patched(d.name, release, placed, root)
