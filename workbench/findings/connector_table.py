@@ -20,7 +20,7 @@ from ..knobs.connector import DEFAULT
 from ..paths import REPO, portable
 from ..provenance import atomic_write_text
 from . import FINDINGS
-from .finding import INCONCLUSIVE, NOT_APPLICABLE
+from .finding import FAILED, INCONCLUSIVE, NOT_APPLICABLE
 
 BEGIN, END = "<!-- check-connectors: begin -->", "<!-- check-connectors: end -->"
 # what a check is told apart by: its check.json field, the value older records mean, the page
@@ -67,9 +67,9 @@ def markdown(docs: dict[str, dict]) -> str:
             cell(by[c][fid]) if fid in by[c] else "not run" for c in names) + " |")
     why = sorted({(fid, c, first_line(by[c][fid]["evidence"].get("why", "")))
                   for c in names for fid in by[c]
-                  if by[c][fid]["verdict"] in (NOT_APPLICABLE, INCONCLUSIVE)})
+                  if by[c][fid]["verdict"] in (NOT_APPLICABLE, INCONCLUSIVE, FAILED)})
     if why:
-        lines += ["", "Not applicable or inconclusive, and why:", ""]
+        lines += ["", "Not applicable, inconclusive or run failed, and why:", ""]
         lines += [f"- `{fid}` on `{c}`: {w}" for fid, c, w in why]
     lines += ["", "Run by:", ""]
     for c, d in docs.items():
