@@ -212,9 +212,9 @@ def test_the_summary_says_the_result_first(tmp_path):
 
 
 def test_no_shape_is_started_when_the_budget_left_is_less_than_the_last_start(tmp_path):
-    """The last trial's servers took 100 s to start and 50 s are left: the next shape would
-    spend the rest starting and run nothing."""
-    space = Space(shape_trials=1, budget_p=(None, 64), budget_d=(None,), k_p=(1,),
+    """The shape's first trial waited 100 s for its servers (the others none) and 50 s are
+    left: the next shape would spend the rest starting and run nothing."""
+    space = Space(shape_trials=2, budget_p=(None, 64), budget_d=(None,), k_p=(1,),
                   block_size=(32,), kv_cache_mib=(256,), padded_drafter_batch=(True,),
                   transfer=("direct",))
     book = Book.open(tmp_path, {"space": space.to_dict(), "seed": 0, "attribute": True})
@@ -223,15 +223,16 @@ def test_no_shape_is_started_when_the_budget_left_is_less_than_the_last_start(tm
     def run(sc: Scenario) -> Trial:
         ran.append(sc)
         return Trial(sc, {"requests": []}, [oracle.Judged("r0", oracle.SAME)],
-                     start_seconds=100.0)
+                     start_seconds=100.0 if len(ran) == 1 else 0.1)
 
     hunt = Hunt(book, space, run, None, budget_s=150, pool=POOL)
     book.elapsed_s = 100.0  # spent before this shape
     hunt.go()
-    assert len(ran) == 1 and book.shapes_done == [0]
-    assert book.stopped.startswith("Stopped before shape 1: 50 s of budget left")
+    assert len(ran) == 2 and book.shapes_done == [0]
+    assert book.stopped.startswith("Stopped before shape 1: 50 s of budget left, less than "
+                                   "the longest server start so far (100 s)")
     summary = book.summary().splitlines()
-    assert summary[2] == "1 trials: 0 unexplained, 0 explained, 1 same, 0 unmeasured"
+    assert summary[2] == "2 trials: 0 unexplained, 0 explained, 2 same, 0 unmeasured"
     assert summary[4] == book.stopped
 
 

@@ -70,7 +70,7 @@ class Hunt:
     progress: Callable[[Hunt, int], None] | None = None
     stop: Callable[[Book], bool] | None = None  # ends the hunt early (the benchmark's goals)
     smallest: dict[str, Trial] = field(default_factory=dict)  # per signature, the least case
-    last_start_s: float = 0.0  # the latest server start a trial waited for
+    longest_start_s: float = 0.0  # the longest server start a trial waited for so far
 
     def over(self) -> bool:
         return self.book.spent() >= self.budget_s or bool(self.stop and self.stop(self.book))
@@ -83,10 +83,10 @@ class Hunt:
             if i in self.book.shapes_done:
                 continue
             left = self.budget_s - self.book.spent()
-            if left < self.last_start_s:  # a start that would eat the rest runs no trial
+            if left < self.longest_start_s:  # a start that eats the rest runs no trial
                 self.book.stopped = (f"Stopped before shape {i}: {left:.0f} s of budget left, "
-                                     f"less than the last server start ({self.last_start_s:.0f}"
-                                     " s).")
+                                     f"less than the longest server start so far "
+                                     f"({self.longest_start_s:.0f} s).")
                 break
             self.explore(i, shape)
             if not self.over():  # a shape cut by the budget is done again on a resume
@@ -163,7 +163,7 @@ class Hunt:
     def trial(self, sc: Scenario, cache: dict[str, Trial], shape: int, phase: str) -> Trial:
         """Run ``sc`` once (its record logged), keeping the smallest case per signature."""
         t = cache[sc.hash] = self.runner(sc)
-        self.last_start_s = t.start_seconds or self.last_start_s
+        self.longest_start_s = max(self.longest_start_s, t.start_seconds)
         self.book.log(t, shape, phase)
         for sig in t.signatures:
             old = self.smallest.get(sig)
