@@ -50,6 +50,15 @@ def test_a_test_that_passes_on_the_release_is_unexpected(fake, tmp_path, capsys)
     assert "<-- unexpected" in capsys.readouterr().out
 
 
+def test_a_test_that_fails_on_something_else_than_its_assertion_is_an_error(fake, tmp_path):
+    """Failing for another reason (an import, a missing file) is no evidence of the bug."""
+    ups, _ = fake
+    finding(ups, "broken", "def test_it():\n    raise FileNotFoundError('/tmp/x')\n")
+    assert command.main(Namespace(out=str(tmp_path / "out"), only=None)) == 1
+    (row,) = json.loads((tmp_path / "out" / "upstream.json").read_text())["findings"]
+    assert row["released"] == "error" and row["detail"].startswith("FileNotFoundError")
+
+
 def test_an_unknown_finding_is_refused_by_name(fake):
     ups, _ = fake
     finding(ups, "bug-a", FAILING)

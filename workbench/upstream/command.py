@@ -22,6 +22,8 @@ PATCHES = REPO / "patches"
 FAILS, PASSES, ERROR, NO_PATCH = "fails", "passes", "error", "no patch"
 # pytest: 0 every test passed, 1 some failed; anything else (collection, usage) is no answer
 OUTCOME = {0: PASSES, 1: FAILS}
+# A test fails for the finding's reason only on its assertion; any other exception is an error.
+ASSERTED = ("AssertionError", "assert ")
 
 
 @dataclass
@@ -71,8 +73,11 @@ def pytest(test: Path, root: Path, build: Path | None) -> tuple[str, str]:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                            f"--confcutdir={rel.parent}", str(rel)], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600)
-    said = next((ln.strip() for ln in proc.stdout.splitlines() if ln.startswith("E   ")), "")
-    return OUTCOME.get(proc.returncode, ERROR), said[4:].strip()
+    said = next((ln[1:].strip() for ln in proc.stdout.splitlines() if ln.startswith("E   ")), "")
+    outcome = OUTCOME.get(proc.returncode, ERROR)
+    if outcome == FAILS and not said.startswith(ASSERTED):  # failed, but not on its assertion
+        outcome = ERROR
+    return outcome, said
 
 
 def patched(fid: str, release: str, test: Path, root: Path) -> str:
