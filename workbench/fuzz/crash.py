@@ -29,8 +29,8 @@ INSTALLED = re.compile(r'File "[^"]*/(?:site-packages|lib/python3\.\d+)/')
 class Crash:
     kind: str  # "crash" (died or answered an error), "timeout", "start" (could not start)
     role: str
-    line: str  # the server's last error line, else the client's error
-    log_tail: str = ""
+    line: str  # the server's error line (``error_line``), else the client's error
+    log_tail: str = ""  # the server's log from its first traceback (``excerpt``)
 
     @property
     def signature(self) -> str:
@@ -77,7 +77,7 @@ def classify(e: BaseException, servers: dict[str, Any], kind: str | None = None)
     if dead:
         role = asked if asked in dead else dead[0]
         return _with_log("start" if kind == "start" else "crash", role, e, servers)
-    if kind == "start" and (role := _named(str(e), servers)):
+    if kind == "start" and (role := _named(str(e))):
         return _with_log("start", role, e, servers)
     if asked is None:
         return None
@@ -86,7 +86,7 @@ def classify(e: BaseException, servers: dict[str, Any], kind: str | None = None)
     return _with_log("crash", asked, e, servers)
 
 
-def _named(text: str, servers: dict[str, Any]) -> str | None:
+def _named(text: str) -> str | None:
     """The role a start-up error names (``ServerError``: "d server exited ...")."""
     return next((r for r in ROLES if text.startswith(f"{r} server")), None)
 

@@ -79,14 +79,16 @@ def request_lines(t: Trial) -> list[str]:
 
 
 def crash_lines(t: Trial) -> list[str]:
-    """What vLLM said when it failed the trial: its last error line and its log's tail."""
+    """What vLLM said when it failed the trial: its error line and its log from the first
+    traceback of that start (``crash.excerpt``)."""
     c = t.crash
     if c is None:
         return []
     what = {"crash": "died or answered an error", "timeout": "did not answer in time",
             "start": "could not start"}[c.kind]
     return [f"- the {c.role} server {what}: `{c.line}`", f"- the client saw: {t.error}", "",
-            f"The {c.role} server's log, its last lines:", "", "```", c.log_tail, "```", ""]
+            f"The {c.role} server's log from its first traceback:", "", "```", c.log_tail, "```",
+            ""]
 
 
 def page(t: Trial, cfg: ExperimentConfig, fig: str | None, sig: str | None) -> str:

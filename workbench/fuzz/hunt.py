@@ -186,15 +186,14 @@ class Hunt:
                 return one
         return t
 
-    def found(self, sig: str, t: Trial, cache: dict[str, Trial] | None = None,
-              shape: int = 0) -> None:
+    def found(self, sig: str, t: Trial, cache: dict[str, Trial], shape: int) -> None:
         """Write the failure ``sig`` at the smallest case met (by requests, then tokens),
         reduced to one request where one shows it alone."""
         if sig in self.book.failures:
             return
         least = self.smallest.get(sig)
         t = least if least is not None and least.scenario.size() < t.scenario.size() else t
-        t = self.alone(sig, t, cache if cache is not None else {}, shape)
+        t = self.alone(sig, t, cache, shape)
         where = failure.write(self.book.out, t, self.base, sig) if self.base else None
         self.book.failures[sig] = t.scenario.hash
         self.book.save()

@@ -29,8 +29,7 @@ def tokens_part(result: Any) -> str | None:
         return None
     off = [r for r in both if not r["agree"]]
     groups = {a: [r for r in both if bool(r.get("affected")) is a] for a in (True, False)}
-    if (getattr(result, "prompt_set", None) or (result.config or {}).get("prompt_set")) \
-            == "badcase" and all(groups.values()):
+    if result.prompt_set == "badcase" and all(groups.values()):
         hit = {a: sum(not r["agree"] for r in g) for a, g in groups.items()}
         head = "bug visible" if hit[True] and not hit[False] else (
             "tokens differ" if off else "no token differs")

@@ -17,6 +17,7 @@ from ..knobs import spec as knob_spec
 from ..provenance import atomic_path, atomic_write_json
 from ..serving import rundir
 from . import metrics, stats
+from .readout import bottom_line
 
 
 @dataclass
@@ -256,8 +257,6 @@ def aggregate(result: Result, rows: list[dict]) -> None:
         result.token_agreement = sum(r["agree"] for r in both) / len(both)
         add_extra_drafts(result, both)
         result.effect = effect(both)
-    from .readout import bottom_line
-
     result.bottom_line = bottom_line(result)
 
 
