@@ -1,10 +1,12 @@
 """Where one vLLM server start's time goes, per process, from its own log.
 
-    .venv/bin/python benchmarks/server_start_profile.py [--starts 3] [--role baseline]
+    .venv/bin/python benchmarks/server_start_profile.py [--starts 3] [--modes spawn,zygote]
     .venv/bin/python benchmarks/server_start_profile.py --log path/to/p.log   # a log already kept
 
 Starts the role's server as a run would (``plan.server_specs`` of the default CPU config, the
-knob plugin on), ``--starts`` times one after another, and splits each start by the first and
+knob plugin on), ``--starts`` times per start mode (``WORKBENCH_SERVER_START``), the modes
+alternating, each start in a fresh process (cold; with the zygote a second, warm start
+follows in the same process), and splits each start by the first and
 last log line of each of vLLM's processes (second resolution: vLLM's log timestamps):
 launch -> the API server's first line (Python, torch and vLLM imported, the model's config
 inspected), -> the engine core's first line (engine process spawned and imported), -> the
@@ -17,8 +19,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
+import os
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,8 +32,8 @@ from pathlib import Path
 LINE = re.compile(r"^\((\w+)(?:-\d+)? pid=\d+\) \w+ (\d\d-\d\d \d\d:\d\d:\d\d) (.*)$")
 MARKS = (  # (phase, process, text of the line that ends it)
     ("API server up to its first log line", "APIServer", None),
-    ("engine core spawned and imported", "EngineCore", None),
-    ("worker spawned and imported", "Worker", None),
+    ("engine core started (spawned: imported)", "EngineCore", None),
+    ("worker started (spawned: imported)", "Worker", None),
     ("target and drafter loaded", "Worker", "Using auxiliary layers"),
     ("KV cache, connector, engine initialised", "EngineCore", "init engine"),
     ("API server routes", "APIServer", "Starting vLLM server"),
@@ -76,29 +82,58 @@ def start_once(role: str, log_dir: Path) -> tuple[str, float, float]:
     return spec.log_path.read_text(), t0, ready
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--starts", type=int, default=3)
-    ap.add_argument("--role", default="baseline", choices=("baseline",))
-    ap.add_argument("--log", help="profile a kept log instead (no launch or ready time)")
-    args = ap.parse_args()
-    year = dt.date.today().year
-    if args.log:
-        runs = [phases(Path(args.log).read_text(), None, None, year)]
-    else:
-        runs = []
-        for i in range(args.starts):
-            log, t0, ready = start_once(args.role, Path(tempfile.mkdtemp(prefix=f"start{i}-")))
-            runs.append(phases(log, t0, ready, year))
-            print(f"start {i + 1}: {sum(runs[-1].values()):.0f} s")
+def one(mode: str, role: str, year: int) -> dict:
+    """In this (fresh) process: a cold start in ``mode``; with the zygote a second, warm one
+    (its fork server already imported vLLM)."""
+    os.environ["WORKBENCH_SERVER_START"] = mode
+    out = {}
+    for which in ("cold", "warm") if mode == "zygote" else ("cold",):
+        log, t0, ready = start_once(role, Path(tempfile.mkdtemp(prefix=f"start-{mode}-")))
+        out[which] = phases(log, t0, ready, year)
+    return out
+
+
+def table(runs: list[dict]) -> None:
     names = [n for n in [m[0] for m in MARKS] + ["until /health answers"] if
              any(n in r for r in runs)]
     for n in names:
         vals = [r[n] for r in runs if n in r]
         each = ", ".join(f"{v:.0f}" for v in vals)
-        print(f"{n:42} median {statistics.median(vals):6.1f} s  ({each})")
+        print(f"  {n:42} median {statistics.median(vals):6.1f} s  ({each})")
     totals = [sum(r.values()) for r in runs]
-    print(f"{'total':42} median {statistics.median(totals):6.1f} s")
+    print(f"  {'total':42} median {statistics.median(totals):6.1f} s  "
+          f"({', '.join(f'{t:.1f}' for t in totals)})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--starts", type=int, default=3)
+    ap.add_argument("--role", default="baseline", choices=("baseline",))
+    ap.add_argument("--modes", default="spawn,zygote",
+                    help="server start modes (serving/servers.py START_MODES), alternated")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # a mode, in a fresh process
+    ap.add_argument("--log", help="profile a kept log instead (no launch or ready time)")
+    args = ap.parse_args()
+    year = dt.date.today().year
+    if args.one:
+        print(json.dumps(one(args.one, args.role, year)))
+        return
+    if args.log:
+        table([phases(Path(args.log).read_text(), None, None, year)])
+        return
+    seen: dict[str, list[dict]] = {}
+    for i in range(args.starts):
+        for mode in args.modes.split(","):
+            got = json.loads(subprocess.run(
+                [sys.executable, __file__, "--one", mode, "--role", args.role], check=True,
+                capture_output=True, text=True).stdout.splitlines()[-1])
+            for which, ph in got.items():
+                seen.setdefault(f"{mode}, {which}", []).append(ph)
+            print(f"start {i + 1}, {mode}: " + ", ".join(
+                f"{w} {sum(p.values()):.1f} s" for w, p in got.items()), flush=True)
+    for name, runs in seen.items():
+        print(f"{name} (medians of {len(runs)}):")
+        table(runs)
 
 
 if __name__ == "__main__":

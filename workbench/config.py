@@ -127,10 +127,15 @@ class ExperimentConfig:
         except input_checks.InputError as e:
             raise ConfigError(str(e)) from None
 
-    # Fields that, when different, need different servers.
-    SERVER_FIELDS = ("target", "drafter", "profile", "k_p", "k_d", "block_size",
+    # Fields that, when different, need different servers (with the role's own k, ROLE_K).
+    SERVER_FIELDS = ("target", "drafter", "profile", "block_size",
                      "kv_cache_bytes", "max_model_len", "host", "seed", "enforce_eager",
                      "padded_drafter_batch")
+    # Each server's num_speculative_tokens: P drafts k_p, D and its reference k_d.
+    ROLE_K = {"p": "k_p", "d": "k_d", "baseline": "k_d"}
+
+    def k(self, role: str) -> int:
+        return getattr(self, self.ROLE_K[role])
 
     def enforce_eager_in_force(self) -> bool:
         """``--enforce-eager`` as the servers get it: the profile's unless overridden."""
@@ -146,8 +151,8 @@ class ExperimentConfig:
         """What, when different, needs another server for ``role``: the server fields, the
         restart-time knobs that act on the role (``KnobSpec.roles``) and the role's port."""
         restart = tuple(self.knobs[n] for n in knob_spec.restart_knobs(role))
-        return (*(getattr(self, f) for f in self.SERVER_FIELDS), *restart, self.budget(role),
-                self.ports.get(role))
+        return (*(getattr(self, f) for f in self.SERVER_FIELDS), self.k(role), *restart,
+                self.budget(role), self.ports.get(role))
 
     def budget(self, role: str) -> int | None:
         """``role``'s ``--max-num-batched-tokens`` (None: vLLM's default)."""

@@ -158,6 +158,15 @@ def test_observe_only_instruments_targets():
     _source(cpu_pin.OBSERVE_SOURCE + cpu_pin.SOURCE + kv_probe.SOURCE)
 
 
+def test_fork_start_targets():
+    """What the forked start patches (``knobs/fork_start.py``: the CPU platform's spawn, and
+    the OpenMP variables vLLM sets around a worker's start) holds on the installed release."""
+    from workbench.knobs import fork_start
+
+    _check(fork_start.TARGETS)
+    _source(fork_start.SOURCE)
+
+
 def test_patch_helper_is_idempotent_and_reversible():
     from workbench.knobs import _patch
 

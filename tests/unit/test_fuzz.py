@@ -409,3 +409,26 @@ def test_the_committed_power_table_is_what_the_benchmark_writes_from_its_records
     block = power.DOC.read_text().split(power.BEGIN, 1)[1].split(power.END, 1)[0]
     assert block.strip() == power.table(doc, out)
     assert "`eager-finalize-host-staged` 0.44 min" in block  # what the record says
+
+
+def test_shapes_are_ordered_so_that_each_restarts_fewest_servers_after_the_one_before(tmp_path):
+    """A shape change restarts only the roles whose server flags changed (``server_key``): P's
+    budget or k P only, D's k D and the baseline, the block size all three. The hunt orders
+    the seeded shapes so that the next one restarts fewest; the default shape stays first."""
+    base = ExperimentConfig()
+    hunt = Hunt(Book.open(tmp_path, {}), Space(), fake_runner([]), base, 600)
+    restarts = hunt.restarts()
+    first = Space().shapes(0)[0]
+    assert restarts(first, {**first, "budget_p": 64}) == 1
+    assert restarts(first, {**first, "k_p": 2}) == 1
+    assert restarts(first, {**first, "transfer": "host-staged"}) == 2
+    assert restarts(first, {**first, "block_size": 64}) == 3
+    seeded, ordered = Space().shapes(4), Space().shapes(4, restarts)
+    assert ordered[0] == seeded[0] == first
+    assert sorted(map(str, ordered)) == sorted(map(str, seeded))  # the same shapes
+
+    def total(shapes):
+        return sum(restarts(a, b) for a, b in zip(shapes, shapes[1:]))
+
+    assert total(ordered[:10]) < total(seeded[:10])
+    assert restarts(ordered[0], ordered[1]) == 1  # a one-server change exists from the default

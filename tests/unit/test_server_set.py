@@ -44,7 +44,10 @@ def test_runtime_knobs_restart_nothing_and_a_port_restarts_its_role_only(tmp_pat
     eager = ExperimentConfig(knobs={"finalize": "eager", "blocks": "poisoned"})
     assert fleet.stale(eager) == [] and not fleet.needs_start(eager)
     assert fleet.stale(ExperimentConfig(ports={"d": 18555})) == ["d"]
-    assert fleet.stale(ExperimentConfig(k_d=2)) == ["p", "d", "baseline"]
+    # Each role's own k: D and its reference draft k_d, P k_p.
+    assert fleet.stale(ExperimentConfig(k_d=2)) == ["d", "baseline"]
+    assert fleet.stale(ExperimentConfig(k_p=2)) == ["p"]
+    assert fleet.stale(ExperimentConfig(block_size=64)) == ["p", "d", "baseline"]
 
 
 def test_a_dead_server_is_restarted_and_a_role_no_longer_needed_is_stopped(tmp_path):

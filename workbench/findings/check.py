@@ -129,7 +129,8 @@ def not_applicable(f: Finding, cfgs: dict[str, ExperimentConfig], profile: str,
         return None
     restart = knob_spec.restart_knobs()
     for cfg in cfgs.values():
-        fields = [n for n in (*ExperimentConfig.SERVER_FIELDS, "max_num_batched_tokens")
+        fields = [n for n in (*ExperimentConfig.SERVER_FIELDS, "k_p", "k_d",
+                              "max_num_batched_tokens")
                   if getattr(cfg, n) != getattr(default, n)]
         fields += [f"knob {n}" for n in restart if cfg.knobs[n] != default.knobs[n]]
         if fields:

@@ -13,6 +13,7 @@ smallest case reruns nothing and cannot turn flaky.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -25,7 +26,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from ..config import ExperimentConfig
 from . import failure
 from .records import Book
-from .scenario import Scenario, scenarios
+from .scenario import Scenario, scenarios, shape_config
 from .space import Space
 from .trial import Trial
 
@@ -77,7 +78,7 @@ class Hunt:
 
     def go(self) -> Book:
         """Every shape in the space's order until the budget is spent."""
-        for i, shape in enumerate(self.space.shapes(self.seed)):
+        for i, shape in enumerate(self.space.shapes(self.seed, self.restarts())):
             if self.over():
                 break
             if i in self.book.shapes_done:
@@ -94,6 +95,22 @@ class Hunt:
                 self.book.save()
         self.book.write_summary()
         return self.book
+
+    def restarts(self):
+        """How many of a shape's servers the next shape restarts (``ServerSet.stale``: the
+        roles whose ``server_key`` differs), for ``Space.shapes`` to order them by."""
+        if self.base is None:
+            return None
+        keys: dict[str, dict] = {}
+
+        def key(shape: dict) -> dict:
+            name = json.dumps(shape, sort_keys=True)
+            if name not in keys:
+                cfg = shape_config(shape, self.base, self.space.knobs)
+                keys[name] = {r: cfg.server_key(r) for r in cfg.roles()}
+            return keys[name]
+
+        return lambda a, b: sum(key(a)[r] != key(b).get(r) for r in key(a))
 
     def explore(self, i: int, shape: dict) -> None:
         """Rounds on one shape until its trials are generated. A signature met while another

@@ -70,17 +70,21 @@ class Scenario:
 
     def config(self, base: ExperimentConfig) -> ExperimentConfig:
         """The experiment the servers of this shape run (the probe on: it is the oracle)."""
-        s = self.shape
-        budget = {r: v for r, v in (("p", s["budget_p"]), ("d", s["budget_d"])) if v}
-        knobs = {**base.knobs, **self.knobs, "transfer": s["transfer"],
-                 "connector": s["connector"], "runner": s.get("runner", "v1")}
-        return replace(base, k_p=s["k_p"], k_d=s["k_d"], block_size=s["block_size"],
-                       kv_cache_bytes=s["kv_cache_mib"] * MIB,
-                       padded_drafter_batch=s["padded_drafter_batch"],
-                       max_num_batched_tokens=budget or None, knobs=knobs, kv_probe=True,
+        return replace(shape_config(self.shape, base, self.knobs), kv_probe=True,
                        num_prompts=len(self.requests), prompt_set="random",
                        max_tokens=max(r.max_tokens for r in self.requests),
                        concurrency=max(1, len(self.requests)), label=f"fuzz {self.hash}")
+
+
+def shape_config(s: dict, base: ExperimentConfig, knobs: dict | None = None) -> ExperimentConfig:
+    """``base`` with a shape's server fields (and ``knobs`` fixed on top of base's)."""
+    budget = {r: v for r, v in (("p", s["budget_p"]), ("d", s["budget_d"])) if v}
+    knobs = {**base.knobs, **(knobs or {}), "transfer": s["transfer"],
+             "connector": s["connector"], "runner": s.get("runner", "v1")}
+    return replace(base, k_p=s["k_p"], k_d=s["k_d"], block_size=s["block_size"],
+                   kv_cache_bytes=s["kv_cache_mib"] * MIB,
+                   padded_drafter_batch=s["padded_drafter_batch"],
+                   max_num_batched_tokens=budget or None, knobs=knobs)
 
 
 def make_tokens(source: str, seed: int, n: int, pool: list[list[int]], vocab: int) -> list[int]:

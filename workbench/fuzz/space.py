@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from ..config import ConfigError
 from ..knobs import spec as knob_spec
 
 MIB = 2**20
+Restarts = Callable[[dict, dict], int]
 SHAPE_FIELDS = ("budget_p", "budget_d", "k_p", "k_d", "block_size", "kv_cache_mib",
                 "padded_drafter_batch", "transfer", "connector", "runner")
 ARRIVALS = ("together", "staggered", "burst")
@@ -55,14 +57,16 @@ class Space:
     def __post_init__(self) -> None:
         check(self)
 
-    def shapes(self, seed: int) -> list[dict[str, Any]]:
+    def shapes(self, seed: int, restarts: Restarts | None = None) -> list[dict[str, Any]]:
         """Every combination of the server fields, the default first, the rest in a seeded
-        order (a 20-minute run visits the first few)."""
+        order (a 20-minute run visits the first few). With ``restarts`` (how many servers a
+        change from one shape to another restarts), each next shape is the one that restarts
+        fewest after the one before, the seeded order breaking ties."""
         combos = [shape for c in itertools.product(*(getattr(self, f) for f in SHAPE_FIELDS))
                   if runnable(shape := _shape(dict(zip(SHAPE_FIELDS, c, strict=True)))) is None]
         rest = combos[1:]
         random.Random(seed).shuffle(rest)
-        return [combos[0], *rest]
+        return [combos[0], *(chain(combos[0], rest, restarts) if restarts else rest)]
 
     @classmethod
     def load(cls, path: str | Path | None) -> Space:
@@ -88,6 +92,16 @@ class Space:
     def to_dict(self) -> dict[str, Any]:
         return {f.name: (list(v) if isinstance(v, tuple) else v)
                 for f in fields(self) for v in [getattr(self, f.name)]}
+
+
+def chain(first: dict, rest: list[dict], restarts: Restarts) -> list[dict]:
+    """``rest`` in the order that restarts fewest servers from one shape to the next."""
+    out, now, left = [], first, list(rest)
+    while left:
+        now = min(left, key=lambda s: restarts(now, s))  # the first of equals: seeded order
+        left.remove(now)
+        out.append(now)
+    return out
 
 
 def _shape(shape: dict[str, Any]) -> dict[str, Any]:

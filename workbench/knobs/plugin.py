@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _patch, cpu_pin, nixl_progress, spec
+from . import _patch, cpu_pin, fork_start, nixl_progress, spec
 from .component import log, refuse, resolve, start_component
 from .http_channel import METHOD, worker_method
 from .release import check_version, runner_kind
@@ -71,6 +71,8 @@ def register() -> None:
     global _installed
     if _installed:
         return
+    if fork_start.requested():
+        _fork_start()
     if standins_mode := triton_standins.requested():
         triton_standins.install(standins_mode)  # before the profile, which then times it
     delay_us = nixl_progress.requested_delay_us()
@@ -94,6 +96,14 @@ def register() -> None:
         if profile_dir := triton_profile.requested():
             triton_profile.install(profile_dir, os.environ.get(spec.ENV_ROLE, "unknown"))
         _installed = True
+
+
+def _fork_start() -> None:
+    """Before any knob: a server started without knobs (``serve``) forks its processes too."""
+    from .release import vllm_version
+
+    if failed := fork_start.install(vllm_version()):
+        log(f"fork_start: not installed, the server's processes are spawned: {failed}")
 
 
 def _observe_only(report_dir: str, knobs_asked: bool) -> None:
@@ -206,6 +216,7 @@ def _start_worker(worker) -> None:
         "speculative": getattr(mr, "speculative_config", None) is not None,
         **_restart_env(),
         "nixl_progress_delay_us": nixl_progress.requested_delay_us(),
+        **fork_start.observed(),
         # NIXL's worker moved this thread; the CPU profile moves it back (unless its checks
         # failed on this build)
         **({} if _build is not None and _build.skipped("cpu_pin") else cpu_pin.restore()),

@@ -30,6 +30,7 @@ ENV_CONNECTOR = "WORKBENCH_CONNECTOR"  # restart-time knob: the KV connector P a
 ENV_RUNNER = "WORKBENCH_RUNNER"  # restart-time knob: the model runner every server runs
 ENV_NIXL_PROGRESS_DELAY_US = "WORKBENCH_NIXL_PROGRESS_DELAY_US"  # see nixl_progress.py
 ENV_PIN_MAIN_THREAD = "WORKBENCH_PIN_MAIN_THREAD"  # "1": see cpu_pin.py
+ENV_FORK_START = "WORKBENCH_FORK_START"  # "1": see fork_start.py
 ENV_OBSERVE_ONLY = "WORKBENCH_OBSERVE_ONLY"  # a directory: no knob, see observe.py
 ENV_OBSERVE_KV_PROBE = "WORKBENCH_OBSERVE_KV_PROBE"  # with it: the KV probe, see observe.py
 ENV_OBSERVE_AFFINITY = "WORKBENCH_OBSERVE_AFFINITY"  # "1": the forward thread's cores, ditto

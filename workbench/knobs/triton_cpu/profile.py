@@ -39,6 +39,17 @@ def install(out_dir: str, role: str) -> None:
             _add(kernel_name(self.fn), time.perf_counter() - t0)
 
     InterpretedFunction.run = run
+    _start_writer(out_dir, role)
+    # A process forked from this one (the engine core and the worker, knobs/fork_start.py)
+    # keeps the wrapper but not the thread: it gets its own, and its own totals and file.
+    os.register_at_fork(after_in_child=lambda: _start_writer(out_dir, role, fresh=True))
+
+
+def _start_writer(out_dir: str, role: str, fresh: bool = False) -> None:
+    global _lock
+    if fresh:  # the parent's writer may have held the lock at the fork
+        _lock = threading.Lock()
+        _totals.clear()
     path = Path(out_dir) / f"triton-{role}-{os.getpid()}.json"
     threading.Thread(target=_writer, args=(path,), name="workbench-triton-profile",
                      daemon=True).start()
