@@ -20,6 +20,7 @@ patched and the server starts as vLLM starts it.
 from __future__ import annotations
 
 import os
+import sys
 
 from . import _patch
 from .spec import ENV_FORK_START as ENV
@@ -64,7 +65,36 @@ def install(version: str) -> dict[str, str]:
         return failed
     _patch.patch(CpuPlatform, "check_and_update_config", _keep_fork)
     _patch.patch(CPUWorker, "__init__", _openmp_first)
+    if (port := api_port(sys.argv)) is not None:
+        os.register_at_fork(after_in_child=lambda: drop_listener(port))
     return {}
+
+
+def api_port(argv: list[str]) -> int | None:
+    """The API server's ``--port`` in its command line."""
+    for i, a in enumerate(argv):
+        value = argv[i + 1] if a == "--port" and i + 1 < len(argv) else (
+            a.split("=", 1)[1] if a.startswith("--port=") else None)
+        if value is not None and value.isdigit():
+            return int(value)
+    return None
+
+
+def drop_listener(port: int) -> None:
+    """In a process forked from the API server: /dev/null in place of the inherited socket
+    bound to ``port`` (bound before the fork, listening after it; a spawned engine core never
+    had it). Otherwise the worker holds the
+    port after the API server stopped, and vLLM's shutdown (``serve_http``:
+    ``find_process_using_port``) fails reading that worker's command line once it is a
+    zombie. The fd number stays open, so the socket object that still names it closes
+    /dev/null, never another file."""
+    import psutil
+
+    for conn in psutil.Process().net_connections(kind="tcp"):
+        if conn.laddr and conn.laddr.port == port and conn.fd >= 0:
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, conn.fd)
+            os.close(null)
 
 
 def _keep_fork(orig):

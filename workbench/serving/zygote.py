@@ -351,8 +351,11 @@ class _Child:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            with contextlib.suppress(ChildProcessError):
+            try:
                 done, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by the tree's stop (psutil): as Popen says, 0
+                self.returncode = 0
+            else:
                 if done:
                     self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
