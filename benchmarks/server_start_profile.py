@@ -12,7 +12,8 @@ launch -> the API server's first line (Python, torch and vLLM imported, the mode
 inspected), -> the engine core's first line (engine process spawned and imported), -> the
 worker's first line (worker spawned and imported), -> both models loaded, -> KV cache and
 engine initialised (the connector and NIXL registered), -> "Starting vLLM server" (the API
-server's routes), -> /health answering. Prints the median of each phase.
+server's routes), -> /health answering. Prints the median of each phase; ``--docs`` writes
+them to ``data/performance/server-start.json`` and their table into docs/performance.md.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import doc_tables  # a sibling script
+
 LINE = re.compile(r"^\((\w+)(?:-\d+)? pid=\d+\) \w+ (\d\d-\d\d \d\d:\d\d:\d\d) (.*)$")
 MARKS = (  # (phase, process, text of the line that ends it)
     ("API server up to its first log line", "APIServer", None),
@@ -38,6 +41,9 @@ MARKS = (  # (phase, process, text of the line that ends it)
     ("KV cache, connector, engine initialised", "EngineCore", "init engine"),
     ("API server routes", "APIServer", "Starting vLLM server"),
 )
+
+
+READY, TOTAL = "until /health answers", "total"
 
 
 def stamps(log: str, year: int) -> list[tuple[str, float, str]]:
@@ -60,7 +66,7 @@ def phases(log: str, launched: float | None, ready: float | None, year: int) -> 
             out[name] = max(0.0, t - prev)
         prev = t if t is not None else prev
     if ready is not None and prev is not None:
-        out["until /health answers"] = max(0.0, ready - prev)
+        out[READY] = max(0.0, ready - prev)
     return out
 
 
@@ -93,16 +99,27 @@ def one(mode: str, role: str, year: int) -> dict:
     return out
 
 
-def table(runs: list[dict]) -> None:
-    names = [n for n in [m[0] for m in MARKS] + ["until /health answers"] if
-             any(n in r for r in runs)]
-    for n in names:
-        vals = [r[n] for r in runs if n in r]
-        each = ", ".join(f"{v:.0f}" for v in vals)
-        print(f"  {n:42} median {statistics.median(vals):6.1f} s  ({each})")
-    totals = [sum(r.values()) for r in runs]
-    print(f"  {'total':42} median {statistics.median(totals):6.1f} s  "
-          f"({', '.join(f'{t:.1f}' for t in totals)})")
+def medians(runs: list[dict]) -> dict[str, float]:
+    names = [n for n in [m[0] for m in MARKS] + [READY] if any(n in r for r in runs)]
+    out = {n: round(statistics.median(r[n] for r in runs if n in r), 1) for n in names}
+    out[TOTAL] = round(statistics.median(sum(r.values()) for r in runs), 1)
+    return out
+
+
+def table(doc: dict) -> str:
+    cols = list(doc["columns"])
+    rows = [f"| phase | {' | '.join(f'`{c}`' for c in cols)} |",
+            f"|---|{'---|' * len(cols)}"]
+    for name in doc["columns"][cols[0]]:
+        cells = [f"{doc['columns'][c][name]:.1f} s" if name in doc["columns"][c] else ""
+                 for c in cols]
+        if name == TOTAL:
+            cells = [f"**{x}**" for x in cells]
+        rows.append(f"| {name} | {' | '.join(cells)} |")
+    return "\n".join(rows) + (
+        f"\n\nMedians of {doc['starts']} starts per column, the modes alternating, each "
+        f"start in a fresh process (`benchmarks/server_start_profile.py`, {doc['date']}, "
+        f"{doc['cores']} cores).")
 
 
 def main() -> None:
@@ -113,13 +130,14 @@ def main() -> None:
                     help="server start modes (serving/servers.py START_MODES), alternated")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a mode, in a fresh process
     ap.add_argument("--log", help="profile a kept log instead (no launch or ready time)")
+    ap.add_argument("--docs", action="store_true", help="write the record and the docs table")
     args = ap.parse_args()
     year = dt.date.today().year
     if args.one:
         print(json.dumps(one(args.one, args.role, year)))
         return
     if args.log:
-        table([phases(Path(args.log).read_text(), None, None, year)])
+        print(medians([phases(Path(args.log).read_text(), None, None, year)]))
         return
     seen: dict[str, list[dict]] = {}
     for i in range(args.starts):
@@ -131,9 +149,11 @@ def main() -> None:
                 seen.setdefault(f"{mode}, {which}", []).append(ph)
             print(f"start {i + 1}, {mode}: " + ", ".join(
                 f"{w} {sum(p.values()):.1f} s" for w, p in got.items()), flush=True)
-    for name, runs in seen.items():
-        print(f"{name} (medians of {len(runs)}):")
-        table(runs)
+    doc = {"columns": {k: medians(v) for k, v in seen.items()}, "starts": args.starts,
+           "raw": seen, "date": dt.date.today().isoformat(), "cores": os.cpu_count()}
+    print(table(doc))
+    if args.docs:
+        doc_tables.write("server-start", doc, table(doc))
 
 
 if __name__ == "__main__":
