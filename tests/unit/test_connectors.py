@@ -202,3 +202,36 @@ def test_the_example_report_reproduces_through_the_connector_s_own_flow():
     assert "PLUGIN_ENV = {}" in script  # vLLM alone shows it
     assert report.connector_flag(cfg) == " --connector example"
     assert report.connector_flag(ExperimentConfig()) == ""
+
+
+def test_the_example_script_shows_the_loud_half_last(tmp_path):
+    """After the run's prompts (the silent half: D loads positions P never computed), the
+    script sends one 192-token prompt, which P at 96 tokens a step stores short of its aligned
+    length, and says D failed on it (issue #16928's crash); D's failure is caught, not raised."""
+    import runpy
+
+    import httpx
+
+    from workbench.findings import report
+    from workbench.paths import DATA
+
+    res = json.loads((DATA / "connectors" / "check-example" / "runs" /
+                      "example-chunked-store-main" / "result.json").read_text())
+    cfg = ExperimentConfig.from_dict(res["config"])
+    path = tmp_path / "repro.py"
+    path.write_text(report.standalone(FINDINGS["example-chunked-store"], cfg, res))
+    ns = runpy.run_path(str(path))
+    assert ns["LOUD"] == 192
+    sent = []
+
+    def complete(url, model, prompt, rid, **extra):
+        sent.append((url, len(prompt), extra))
+        if url == "d":
+            raise httpx.HTTPStatusError("500", request=httpx.Request("POST", url),
+                                        response=httpx.Response(500))
+        return {}
+
+    ns["loud"].__globals__["complete"] = complete
+    said = ns["loud"]({"p": "p", "d": "d"}, "target")
+    assert said.startswith("loud half: D failed on a 192-token prompt (HTTPStatusError")
+    assert sent == [("p", 192, {"max_tokens": 1}), ("d", 192, {})]  # the plain prompt to both

@@ -145,3 +145,20 @@ def test_a_killed_repro_leaves_no_server_behind(tmp_path):
     for p in alive:
         p.kill()
     assert gone and not alive
+
+
+def test_a_repro_primes_d_with_the_prompts_the_run_primed_it_with(tmp_path):
+    """``prefix-cache-drafter-kv`` needs D to have computed the short prompts itself before
+    the PD requests (the run's ``prime_d``); a repro that skipped it showed nothing."""
+    d = paths.DATA / "findings" / "prefix-cache-drafter-kv" / "check-release"
+    res = result(d, "prefix-cache-drafter-kv-main")
+    cfg = ExperimentConfig.from_dict(res["config"])
+    ns = script_namespace(report.standalone(FINDINGS["prefix-cache-drafter-kv"], cfg, res),
+                          tmp_path)
+    primed = [i for i, r in enumerate(res["requests"]) if r.get("prime_d")]
+    assert primed and ns["PRIME_D"] == primed
+    host = result(RELEASE, "host-buffer-chunk-boundary-main")  # a run that primed nothing
+    ns = script_namespace(report.standalone(FINDINGS["host-buffer-chunk-boundary"],
+                                            ExperimentConfig.from_dict(host["config"]), host),
+                          tmp_path)
+    assert ns["PRIME_D"] == []

@@ -143,14 +143,17 @@ def gpu_config(cfg: ExperimentConfig) -> ExperimentConfig:
 
 def standalone(f: Finding, cfg: ExperimentConfig, result: dict) -> str:
     """A reproduction script (``repro_template.py`` with this run's servers and prompts)."""
-    prompts = [r["prompt_token_ids"] for r in result.get("requests") or []
-               if r.get("prompt_token_ids")]
+    sent = [r for r in result.get("requests") or [] if r.get("prompt_token_ids")]
+    prompts = [r["prompt_token_ids"] for r in sent]
+    primed = [i for i, r in enumerate(sent) if r.get("prime_d")]
     knobs = plugin_knobs(cfg)
     return (TEMPLATE.read_text()
             .replace('FINDING = ""', f"FINDING = {f.id!r}")
             .replace('SYMPTOM = ""', f"SYMPTOM = {f.symptom!r}")
             .replace('SERVERS = []', f"SERVERS = {json.dumps(servers(cfg), indent=1)}")
             .replace('PROMPTS = []', f"PROMPTS = {json.dumps(prompts)}")
+            .replace('PRIME_D = []', f"PRIME_D = {json.dumps(primed)}")
+            .replace('LOUD = 0', f"LOUD = {f.loud_prompt_tokens}")
             .replace('MAX_TOKENS = 0', f"MAX_TOKENS = {cfg.max_tokens}")
             .replace('FLOW = "params"', f"FLOW = {kv_connector.flow(cfg.knobs)!r}")
             .replace('PLUGIN_ENV = {}', f"PLUGIN_ENV = {json.dumps(plugin_env(cfg))}")

@@ -2,10 +2,12 @@
 
 Starts P (kv_producer), D (kv_consumer) and a standalone baseline with the command lines
 below, on free ports and side-channel ports picked at start, sends every prompt to P with
-max_tokens=1 and do_remote_decode, then to D with P's kv_transfer_params (what vLLM's
+max_tokens=1 and do_remote_decode (D first computes the prompts the run primed it with, as
+the run did), then to D with P's kv_transfer_params (what vLLM's
 toy_proxy_server.py does; with FLOW "same-prompt", a connector that shares storage, P and D
 get the plain prompt, as vLLM's disaggregated-prefill-v1 example sends it), and the same
-prompt to the baseline; prints per request the tokens
+prompt to the baseline; where the finding has a loud half (LOUD), one more prompt that takes
+D down, last; prints per request the tokens
 and the drafts and accepted tokens each side reports in ``metrics.speculative_decoding``
 (--per-request-spec-decode-metrics detailed), then the finding's symptom in one line, and
 stops the servers (also when this script is killed: each server gets SIGTERM when the script
@@ -21,6 +23,7 @@ location, or ``$WORKBENCH_MODELS``).
 
 import argparse
 import ctypes
+import itertools
 import json
 import os
 import signal
@@ -39,6 +42,8 @@ FINDING = ""
 SYMPTOM = ""
 SERVERS = []
 PROMPTS = []
+PRIME_D = []  # PROMPTS' indexes D computes itself first (the run's primed prompts)
+LOUD = 0  # a prompt length that takes D's engine down, sent last (the loud half); 0: none
 MAX_TOKENS = 0
 PLUGIN_ENV = {}
 PLUGIN_KNOBS = {}
@@ -171,6 +176,22 @@ def tokens(resp):
     return resp["choices"][0].get("token_ids") or resp["choices"][0]["text"]
 
 
+def loud(url, model):
+    """The finding's loud half, sent after every other request (it takes D down): one prompt
+    of LOUD tokens, the run's prompts laid end to end."""
+    prompt = list(itertools.islice(itertools.chain.from_iterable(itertools.cycle(PROMPTS)), LOUD))
+    rid = str(uuid.uuid4())
+    params = FLOW == "params"
+    try:
+        p_resp = complete(url["p"], model, prompt, rid, max_tokens=1,
+                          **({"kv_transfer_params": NO_KV} if params else {}))
+        complete(url["d"], model, prompt, rid,
+                 **({"kv_transfer_params": p_resp["kv_transfer_params"]} if params else {}))
+    except httpx.HTTPError as e:
+        return f"loud half: D failed on a {LOUD}-token prompt ({type(e).__name__}: {e})"
+    return f"loud half: D answered a {LOUD}-token prompt; it did not show here"
+
+
 def summary(rows):
     """The finding's symptom in one line."""
     n = len(rows)
@@ -210,6 +231,8 @@ def main():
         try:
             for role, p in procs.items():
                 wait(url[role], p)
+            for i in PRIME_D:  # as the run did: D caches these blocks before any PD request
+                complete(url["d"], args.target, PROMPTS[i], f"prime-{i}", max_tokens=1)
             rows = []
             for prompt in PROMPTS:
                 rid = str(uuid.uuid4())
@@ -225,6 +248,8 @@ def main():
             extra = [r["d"]["drafts"] - r["baseline"]["drafts"] for r in rows]
             print(json.dumps({"requests": rows, "d_drafts_minus_baseline": extra}, indent=1))
             print(summary(rows))
+            if LOUD:
+                print(loud(url, args.target))
         finally:
             for p in procs.values():
                 if p.poll() is None:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import ConfigError
-from ..paths import DEFAULT_TARGET, REPO
+from ..paths import DEFAULT_DRAFTER, DEFAULT_TARGET, REPO
 from ..provenance import atomic_write_json
 from . import tree
 
@@ -64,11 +64,12 @@ def pytest(test: Path, root: Path, build: Path | None) -> tuple[str, str]:
     """Run one placed test from the tree's root (``tests`` importable; only the conftest files
     of the test's own directory, ``--confcutdir``: ``tests/conftest.py`` needs vLLM's test
     requirements, the helpers and their directory's fixtures do not); with ``build`` first on
-    ``PYTHONPATH``; ``VLLM_TEST_MODEL``: the shipped target, for a helper that reads a model's
-    config (offline)."""
+    ``PYTHONPATH``; ``VLLM_TEST_MODEL`` and ``VLLM_TEST_EAGLE3_MODEL``: the shipped target and
+    drafter, for a helper that reads a model's config (offline)."""
     path = os.pathsep.join(str(p) for p in (build, root) if p)
     # a test whose helper reads a model's config takes it from here, not from the hub
-    env = {"VLLM_TEST_MODEL": str(DEFAULT_TARGET), **os.environ, "PYTHONPATH": path}
+    env = {"VLLM_TEST_MODEL": str(DEFAULT_TARGET), "VLLM_TEST_EAGLE3_MODEL": str(DEFAULT_DRAFTER),
+           **os.environ, "PYTHONPATH": path}
     rel = test.relative_to(root)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                            f"--confcutdir={rel.parent}", str(rel)], cwd=root, env=env,
