@@ -162,3 +162,21 @@ def test_a_repro_primes_d_with_the_prompts_the_run_primed_it_with(tmp_path):
                                             ExperimentConfig.from_dict(host["config"]), host),
                           tmp_path)
     assert ns["PRIME_D"] == []
+
+
+def test_a_report_says_its_severity_and_tabulates_acceptance_only_where_it_is_the_proof():
+    """A finding read inside vLLM's processes (the KV probe) gets no acceptance table beside
+    its evidence; one whose symptom is in the responses keeps it; each says its severity."""
+    o = check.load(RELEASE).outcomes[0]
+    build = SimpleNamespace(version="0.32.0", commit=None, table_entry="0.32.0", source="table")
+    pages = {}
+    for fid in ("chunked-prefill-drafter-kv", "host-buffer-chunk-boundary"):
+        res = result(RELEASE, f"{fid}-main")
+        pages[fid] = report.page(FINDINGS[fid], o, build, res, "python -m workbench check",
+                                 None)
+    inside, tokens = pages["chunked-prefill-drafter-kv"], pages["host-buffer-chunk-boundary"]
+    assert "Severity: **acceptance only" in inside and "Severity: **changes tokens**" in tokens
+    assert "is not tabulated" in inside
+    assert "per-position acceptance" not in inside.split("## What")[0]
+    assert "Expected: D's per-position acceptance" in tokens
+    assert all(FINDINGS[f].severity for f in FINDINGS)

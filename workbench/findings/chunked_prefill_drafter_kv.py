@@ -83,6 +83,7 @@ def claims(result: dict[str, Any], row: dict[str, Any]) -> Claims:
 
 FINDING = Finding(
     id="chunked-prefill-drafter-kv",
+    severity="acceptance only (the drafter's KV; greedy tokens unchanged)",
     title="EAGLE drafter KV is wrong at the last position of each non-final prefill chunk",
     where="vllm/v1/spec_decode/llm_base_proposer.py, prepare_next_token_ids_padded: a partial "
     "prefill is a discarded row and gets the backup token get_token_id(num_tokens_no_spec - 1) "

@@ -21,6 +21,7 @@ def detect_drafter_not_staged(result: dict) -> Detection:
 
 FINDING = Finding(
     id="eager-finalize-host-staged",
+    severity="acceptance only (the drafter's KV; greedy tokens unchanged)",
     title="With a host staging buffer, eager finalize copies the drafter's KV before it exists",
     where="vllm/v1/worker/kv_connector_model_runner_mixin.py, maybe_get_kv_connector_output("
     "defer_finalize=...) and finalize_kv_connector after propose_draft_token_ids (V1 runner); "

@@ -59,6 +59,7 @@ def detect(result: dict) -> Detection:
 
 FINDING = Finding(
     id="example-chunked-store",
+    severity="changes tokens (the silent half); the engine dies (the loud half)",
     title="ExampleConnector stores a prompt chunked on P from its first chunk: D loads KV P "
     "never computed",
     where="vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py, "

@@ -79,6 +79,9 @@ class Finding:
     # A prompt length that takes D's engine down (a finding's loud half): the standalone
     # script sends one such prompt after the run's, and says whether D failed on it. 0: none.
     loud_prompt_tokens: int = 0
+    # What it costs a user, in a report's words: "changes tokens", "acceptance only" (the
+    # drafter's KV), "metrics only" (the counters), "performance only" (where work runs).
+    severity: str = ""
     # A native run of an old release (``releases --check``, the plugin observe-only): the
     # observe-only instrument that feeds the detector where the release's source allows it
     # ("affinity": ``cpu_pin.observe``; the KV probe: any run with ``kv_probe``), and the

@@ -126,6 +126,7 @@ def every_layer(by_layer: dict[str, set[int]], layers: dict, want: set[int], n: 
 
 FINDING = Finding(
     id="host-buffer-chunk-boundary",
+    severity="changes tokens",
     title="With a host staging buffer, KV a later prefill chunk writes into an already "
     "allocated block never reaches D",
     where="vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py, "

@@ -44,6 +44,7 @@ def detect_restored(result: dict) -> Detection:
 
 FINDING = Finding(
     id="nixl-cpu-forward-thread",
+    severity="performance only (where the forward runs; outputs unchanged)",
     title="On CPU, NIXL's core reservation moves the worker's forward thread off its cores",
     where="vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py, "
     "NixlBaseConnectorWorker.__init__: os.sched_setaffinity(0, rsv_cores_for_kv); pid 0 is "

@@ -38,6 +38,7 @@ def detect(result: dict) -> Detection:
 
 FINDING = Finding(
     id="padded-load-step",
+    severity="metrics only (the counters; tokens and real acceptance unchanged)",
     title="D counts one all-rejected draft per request more than a standalone server",
     where="vllm/v1/core/sched/scheduler.py, Scheduler.schedule: pad_spec_decode pads the first "
     "step after NIXL's asynchronous load lands (Scheduler._update_waiting_for_remote_kv leaves "

@@ -76,6 +76,7 @@ def claims(result: dict[str, Any], row: dict[str, Any]) -> Claims:
 
 FINDING = Finding(
     id="prefix-cache-drafter-kv",
+    severity="acceptance only (the drafter's KV; greedy tokens unchanged)",
     title="A cached block's last drafter slot is reused by a request whose next token differs",
     where="vllm/v1/core/block_pool.py, BlockPool.get_cached_block returns the first of the "
     "blocks cached under one hash, and the hash does not include the token after the block, "

@@ -161,6 +161,21 @@ def standalone(f: Finding, cfg: ExperimentConfig, result: dict) -> str:
                      f"{json.dumps({**knob_spec.defaults(), **knobs} if knobs else {})}"))
 
 
+def expected(f: Finding, result: dict) -> list[str]:
+    """Against what the evidence is read: acceptance and tokens where the symptom shows in
+    the responses; where it is read inside vLLM's processes, only that (an acceptance table
+    beside it would be read as the proof, and D's padded first step skews it)."""
+    if f.symptom == "inside":
+        return [f"The evidence is read inside vLLM's processes: {f.reads}. Expected: no "
+                "difference there against the reference. Acceptance is not the proof here and "
+                "is not tabulated (D's first step after the KV load is padded with drafts "
+                "nobody proposed: finding `padded-load-step`)."]
+    return [*observed(result), "",
+            "Expected: D's per-position acceptance equals the standalone baseline's on the same "
+            "prompts (vLLM's PD acceptance test allows 5% relative), and D's output equals the "
+            "baseline's token for token (greedy)."]
+
+
 def observed(result: dict) -> list[str]:
     """What the run measured, D against the baseline, with intervals."""
     lines = []
@@ -220,13 +235,11 @@ def page(f: Finding, o, build, result: dict, command: str, fig: str | None) -> s
         f"Found with the PD + EAGLE3 acceptance workbench (finding `{f.id}`, first seen on vLLM "
         f"{f.found_on}).", *since_line(f), "", "## Environment",
         *environment(build, cfg.profile, result.get("runner")), "",
-        "## Where in vLLM", f.where, "",
+        "## Where in vLLM", f.where, "", *([f"Severity: **{f.severity}**.", ""]
+                                           if f.severity else []),
         "## Observed (this run) against expected", f"Verdict: **{o.verdict}** (expected "
         f"{o.expected}); controls: {controls}.", "", "Evidence: `" + json.dumps(o.evidence) + "`",
-        "", *observed(result), "",
-        "Expected: D's per-position acceptance equals the standalone baseline's on the same "
-        "prompts (vLLM's PD acceptance test allows 5% relative), and D's output equals the "
-        "baseline's token for token (greedy).", "",
+        "", *expected(f, result), "",
     ]
     if fig:
         parts += [f"![{f.id}]({fig})", ""]

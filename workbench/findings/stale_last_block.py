@@ -21,6 +21,7 @@ def detect_last_block(result: dict) -> Detection:
 
 FINDING = Finding(
     id="stale-last-block",
+    severity="changes tokens",
     title="D loads only the last block and gets P's never-written lookahead block, stale",
     where="as unclipped-handoff, with D holding the rest of the prompt in its prefix cache "
     "(NixlBaseConnectorWorker loads only the blocks D lacks)",

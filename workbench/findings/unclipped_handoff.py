@@ -30,6 +30,7 @@ def detect_handoff(result: dict) -> Detection:
 
 FINDING = Finding(
     id="unclipped-handoff",
+    severity="changes tokens",
     title="P hands D its never-written lookahead block (the block mapping shifts by one)",
     where="vllm/v1/core/kv_cache_manager.py, KVCacheManager.get_block_ids_for_computed_tokens "
     "clips P's blocks to cdiv(num_computed_tokens, block_size) since vLLM 0.25; before, "
