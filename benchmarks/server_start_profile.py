@@ -110,7 +110,8 @@ def table(doc: dict) -> str:
     cols = list(doc["columns"])
     rows = [f"| phase | {' | '.join(f'`{c}`' for c in cols)} |",
             f"|---|{'---|' * len(cols)}"]
-    for name in doc["columns"][cols[0]]:
+    order = [m[0] for m in MARKS] + [READY, TOTAL]  # the record's keys come back sorted
+    for name in [n for n in order if any(n in c for c in doc["columns"].values())]:
         cells = [f"{doc['columns'][c][name]:.1f} s" if name in doc["columns"][c] else ""
                  for c in cols]
         if name == TOTAL:
