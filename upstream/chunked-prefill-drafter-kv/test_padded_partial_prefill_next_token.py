@@ -3,7 +3,9 @@
 # Runs in seconds on a CPU: the proposer's input preparation, no weights loaded, no server.
 # The target's and the EAGLE3 drafter's configs are read from VLLM_TEST_MODEL and
 # VLLM_TEST_EAGLE3_MODEL (local directories for an offline run; default: the hub ids
-# tests/v1/spec_decode/test_eagle.py uses).
+# tests/v1/spec_decode/test_eagle.py uses). The proposer is built as that file's
+# _create_proposer builds it; that file itself cannot be imported on a CPU (its attention
+# backend list raises "Unsupported platform" at collection).
 """With the padded drafter batch (the default), a request whose prefill the scheduler splits
 across steps is "discarded" in every step but its last, and
 ``prepare_next_token_ids_padded`` gives the drafter a backup next token,
@@ -24,22 +26,50 @@ from unittest import mock
 
 import numpy as np
 import torch
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    VllmConfig,
+)
 from vllm.platforms import current_platform
+from vllm.v1.spec_decode.eagle import EagleProposer
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
-from . import test_eagle
-
-TARGET = os.environ.get("VLLM_TEST_MODEL", test_eagle.model_dir)
-DRAFTER = os.environ.get("VLLM_TEST_EAGLE3_MODEL", test_eagle.eagle3_dir)
+TARGET = os.environ.get("VLLM_TEST_MODEL", "meta-llama/Llama-3.1-8B-Instruct")
+DRAFTER = os.environ.get("VLLM_TEST_EAGLE3_MODEL", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
 PROMPT_LEN = 10
 CHUNK = 4  # the first step schedules prompt positions 0-3 of 10
 FIRST_ID = 100  # prompt position i holds token FIRST_ID + i
 
 
-def test_a_partial_prefill_drafts_from_the_token_after_its_chunk(monkeypatch):
-    monkeypatch.setattr(test_eagle, "model_dir", TARGET)
-    monkeypatch.setattr(test_eagle, "eagle3_dir", DRAFTER)
-    proposer = test_eagle._create_proposer("eagle3", num_speculative_tokens=3)
+def _proposer() -> EagleProposer:
+    model = ModelConfig(model=TARGET, runner="generate", max_model_len=100)
+    speculative = SpeculativeConfig(
+        target_model_config=model,
+        target_parallel_config=ParallelConfig(),
+        model=DRAFTER,
+        method="eagle3",
+        num_speculative_tokens=3,
+    )
+    config = VllmConfig(
+        model_config=model,
+        cache_config=CacheConfig(block_size=16),
+        speculative_config=speculative,
+        device_config=DeviceConfig(device=current_platform.device_type),
+        parallel_config=ParallelConfig(),
+        scheduler_config=SchedulerConfig(
+            max_model_len=model.max_model_len, is_encoder_decoder=False
+        ),
+    )
+    return EagleProposer(vllm_config=config, device=current_platform.device_type)
+
+
+def test_a_partial_prefill_drafts_from_the_token_after_its_chunk():
+    proposer = _proposer()
     device = torch.device(current_platform.device_type)
 
     batch = mock.MagicMock(spec=InputBatch)

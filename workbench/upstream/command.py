@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import ConfigError
+from ..knobs import triton_cpu
 from ..paths import DEFAULT_DRAFTER, DEFAULT_TARGET, REPO
 from ..provenance import atomic_write_json
 from . import tree
@@ -70,6 +71,9 @@ def pytest(test: Path, root: Path, build: Path | None) -> tuple[str, str]:
     # a test whose helper reads a model's config takes it from here, not from the hub
     env = {"VLLM_TEST_MODEL": str(DEFAULT_TARGET), "VLLM_TEST_EAGLE3_MODEL": str(DEFAULT_DRAFTER),
            **os.environ, "PYTHONPATH": path}
+    # vLLM's Triton kernels (the padded drafter path's) run under Triton's own interpreter on a
+    # CPU, as Model Runner V2 does here (knobs/triton_cpu); no test without one is changed by it
+    env.update(triton_cpu.server_env(env))
     rel = test.relative_to(root)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                            f"--confcutdir={rel.parent}", str(rel)], cwd=root, env=env,
