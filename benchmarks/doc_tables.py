@@ -26,9 +26,16 @@ def block(name: str) -> str:
     return DOC.read_text().split(begin, 1)[1].split(end, 1)[0].strip()
 
 
+def write_block(path: Path, name: str, text: str) -> None:
+    """``text`` in place of what stands between ``name``'s markers in ``path``."""
+    from workbench.provenance import atomic_write_text
+
+    begin, end = markers(name)
+    head, rest = path.read_text().split(begin, 1)
+    atomic_write_text(path, f"{head}{begin}\n{text}\n{end}{rest.split(end, 1)[1]}")
+
+
 def write(name: str, doc: dict, text: str) -> None:
     RECORDS.mkdir(parents=True, exist_ok=True)
     (RECORDS / f"{name}.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    begin, end = markers(name)
-    head, rest = DOC.read_text().split(begin, 1)
-    DOC.write_text(f"{head}{begin}\n{text}\n{end}{rest.split(end, 1)[1]}")
+    write_block(DOC, name, text)

@@ -31,6 +31,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import doc_tables  # a sibling script
+
 from workbench import paths
 from workbench.config import ExperimentConfig
 from workbench.experiment import Session
@@ -42,7 +44,7 @@ from workbench.provenance import atomic_write_json
 OUT = paths.REPO / "data" / "runners"
 DOC = paths.REPO / "docs" / "performance.md"
 README = paths.REPO / "README.md"
-BEGIN, END = "<!-- runner-cost:begin -->", "<!-- runner-cost:end -->"
+MARKERS = "runner-cost"  # <!-- runner-cost:begin/end --> in docs/performance.md and README
 VARIANTS = {"v1": ("v1", "off"), "v2": ("v2", "off"), "v2+standins": ("v2", "on")}
 
 
@@ -182,9 +184,7 @@ def readme_line(s: dict) -> str:
 
 
 def write_between(path: Path, text: str) -> None:
-    page = path.read_text()
-    head, rest = page.split(BEGIN, 1)
-    path.write_text(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
+    doc_tables.write_block(path, MARKERS, text)
 
 
 def write_docs(s: dict) -> None:

@@ -175,9 +175,14 @@ def _messages(sock: socket.socket):
             return
         if not chunk:
             return
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        yield from (json.loads(line) for line in lines if line)
+        messages, buf = _split(buf + chunk)
+        yield from messages
+
+
+def _split(buf: bytes) -> tuple[list[dict], bytes]:
+    """The whole JSON lines in ``buf``, and what is left of a line still arriving."""
+    *lines, rest = buf.split(b"\n")
+    return [json.loads(line) for line in lines if line], rest
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,10 +227,9 @@ def _serve_requests(sock: socket.socket, owner: int) -> set[int]:
             chunk = sock.recv(65536)
             if not chunk:
                 break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in filter(None, lines):
-                pid = _fork_server(json.loads(line), sock, owner)
+            requests, buf = _split(buf + chunk)
+            for request in requests:
+                pid = _fork_server(request, sock, owner)
                 children.add(pid)
                 _send(sock, {"pid": pid})
         _reap(sock, children)
