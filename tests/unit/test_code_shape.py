@@ -96,7 +96,7 @@ def test_session_is_orchestration_only():
 
 # The stages, top to bottom: a module imports only from its own group or from a group listed
 # after it. Top-level modules are groups of one.
-GROUPS = ("__main__", "cli", "notebook", "fuzz", "releases", "findings", "upstream", "compat",
+GROUPS = ("__main__", "cli", "notebook", "fuzz", "upstream", "releases", "findings", "compat",
           "devbuild", "experiment", "figures", "measuring", "serving", "config", "inputs",
           "training", "knobs", "provenance", "paths")
 

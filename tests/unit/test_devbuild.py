@@ -28,7 +28,8 @@ diff --git a/vllm/no_such_module.py b/vllm/no_such_module.py
 
 @pytest.mark.parametrize("release, dev", [
     ("0.32.0", "0.32.1.dev1+g0000000"),
-    ("0.32.0+cpu", "0.32.1.dev1+g0000000"),  # the CPU wheel's local part gives way to the commit
+    # the local part gives way to the commit but for cpu: vLLM tells a CPU build by its version
+    ("0.32.0+cpu", "0.32.1.dev1+g0000000.cpu"),
     ("0.33.0", "0.33.1.dev1+g0000000"),
     ("1.0", "1.0.1.dev1+g0000000"),
     ("0.32.0.post1", "0.32.1.dev1+g0000000"),

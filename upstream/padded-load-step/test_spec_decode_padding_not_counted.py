@@ -14,7 +14,7 @@ server, and lower per-position acceptance.
 
 import os
 
-from vllm.v1.outputs import ModelRunnerOutput
+from tests.v1.kv_connector.unit.utils import create_model_runner_output
 
 from .utils import create_requests, create_scheduler, mock_kv
 
@@ -35,15 +35,7 @@ def test_the_placeholder_drafts_of_a_padded_first_step_are_not_counted():
 
     # The rejection sampler rejects every placeholder: one token comes back.
     outputs = scheduler.update_from_output(
-        output,
-        ModelRunnerOutput(
-            req_ids=[request.request_id],
-            req_id_to_index={request.request_id: 0},
-            sampled_token_ids=[[42]],
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=[],
-        ),
+        output, create_model_runner_output([request], token_id=42)
     )
     stats = outputs[0].scheduler_stats.spec_decoding_stats if outputs else None
     drafts = stats.num_drafts if stats is not None else 0
