@@ -15,6 +15,7 @@ import argparse
 import datetime as dt
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,8 +34,11 @@ def run(repo: Path, log: Path) -> dict:
                             check=True, capture_output=True, text=True).stdout.strip()
     t0, pytest_at = time.monotonic(), None
     with log.open("w") as out:
+        # SIGINT as CI's shell leaves it: a benchmark started with `&` inherits it ignored,
+        # and the suite's interrupt tests would measure that instead of the code
         proc = subprocess.Popen(["make", "test"], cwd=repo, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+                                stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         for line in proc.stdout:
             out.write(line)
             if pytest_at is None and STARTED in line:

@@ -2,9 +2,10 @@
 servers started as vLLM starts them on a CPU compute: a fresh forked baseline against a fresh
 spawned one on the same prompts, token for token, count for count and KV digest for KV digest,
 with the same OpenMP threads on the same cores. (P and D equal their own baseline bit for bit in
-``test_kv_probe.py``; their forked workers' threads and cores are checked here too.) Fresh
-servers on both sides: the shared session's baseline, after the suite's earlier runs, gave other
-target-layer digests for 2 of 8 prompts than a fresh server (not yet explained)."""
+``test_kv_probe.py``; the shared session's forked P and D workers' threads and cores are checked
+here too.) A fresh baseline on both sides: the shared session's baseline, after the suite's
+earlier runs, gave other target-layer digests for 2 of 8 prompts than a fresh server (not yet
+explained)."""
 
 from __future__ import annotations
 
@@ -50,11 +51,18 @@ def both(base_cfg, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(START_ENV, "zygote")
         with Session(tmp_path_factory.mktemp("forked")) as s:
-            forked = _run(s, cfg, mp)
+            forked = _run(s, replace(cfg, run_pd=False), mp)
         mp.setenv(START_ENV, "spawn")
         with Session(tmp_path_factory.mktemp("spawned")) as s:
             spawned = _run(s, replace(cfg, run_pd=False), mp)
     return forked, spawned
+
+
+@pytest.fixture(scope="module")
+def shared_pd(pd_session, base_cfg):
+    """The shared session's P and D (forked from the zygote, the default start), one short
+    run: what their workers report."""
+    return pd_session.run(replace(base_cfg, num_prompts=1, max_tokens=4, run_baseline=False))
 
 
 def test_a_forked_baseline_gives_the_spawned_ones_tokens_counts_and_kv(both):
@@ -69,8 +77,9 @@ def test_a_forked_baseline_gives_the_spawned_ones_tokens_counts_and_kv(both):
     assert base == kv_spawned
 
 
-def test_forked_workers_run_the_spawned_workers_threads_on_their_cores(both):
-    forked, spawned = _workers(both[0][0]), _workers(both[1][0])
+def test_forked_workers_run_the_spawned_workers_threads_on_their_cores(both, shared_pd):
+    forked = {**_workers(shared_pd), **_workers(both[0][0])}
+    spawned = _workers(both[1][0])
     s = spawned["baseline"]
     assert s["openmp_applied_after_fork"] is None  # spawned: its runtime read the variables
     assert s["omp_threads"] == 1 and s["main_thread_cpus"] == s["omp_threads_bind"]

@@ -31,12 +31,17 @@ def test_an_interrupt_inside_a_running_loop_cancels_the_coroutine_and_waits():
     async def cell():
         return run_coro(requests())
 
+    # ipykernel's way: no asyncio.run SIGINT handler, and SIGINT raising KeyboardInterrupt in
+    # the main thread. Set here: a pytest started in the background by a shell without job
+    # control inherits SIGINT ignored, and Python then installs no handler of its own.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-    loop = asyncio.new_event_loop()  # ipykernel's way: no asyncio.run SIGINT handler
+    loop = asyncio.new_event_loop()
     try:
         with pytest.raises(KeyboardInterrupt):
             loop.run_until_complete(cell())
     finally:
+        signal.signal(signal.SIGINT, previous)
         loop.close()
     assert state["cancelled"] and state["finished"], state
     ticks = state["ticks"]
