@@ -81,8 +81,8 @@ FINDING = Finding(
     where="vllm/v1/core/block_pool.py, BlockPool.get_cached_block returns the first of the "
     "blocks cached under one hash, and the hash does not include the token after the block, "
     "which the drafter's KV at the block's last slot depends on; the EAGLE drop in "
-    "UnitaryKVCacheCoordinator.find_longest_cache_hit (vllm/v1/core/kv_cache_coordinator.py) "
-    "recomputes only the last block of a hit",
+    "FullAttentionManager.find_longest_cache_hit (vllm/v1/core/single_type_kv_cache_manager.py, "
+    "drop_eagle_block) recomputes only the last block of a hit",
     found_on="0.32.0",
     experiment={"prompt_set": "blockprefix", "kv_probe": True, "concurrency": 1},
     detect=detect,
