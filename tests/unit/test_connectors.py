@@ -225,7 +225,7 @@ def test_the_example_script_shows_the_loud_half_last(tmp_path):
     sent = []
 
     def complete(url, model, prompt, rid, **extra):
-        sent.append((url, len(prompt), extra))
+        sent.append((url, len(prompt), extra, prompt))
         if url == "d":
             raise httpx.HTTPStatusError("500", request=httpx.Request("POST", url),
                                         response=httpx.Response(500))
@@ -234,4 +234,8 @@ def test_the_example_script_shows_the_loud_half_last(tmp_path):
     ns["loud"].__globals__["complete"] = complete
     said = ns["loud"]({"p": "p", "d": "d"}, "target")
     assert said.startswith("loud half: D failed on a 192-token prompt (HTTPStatusError")
-    assert sent == [("p", 192, {"max_tokens": 1}), ("d", 192, {})]  # the plain prompt to both
+    assert [(u, n, x) for u, n, x, _ in sent] == [
+        ("p", 192, {"max_tokens": 1}), ("d", 192, {})]  # the plain prompt to both
+    # no full block of it starts as an earlier prompt does: P would find it in its prefix cache
+    first = sent[0][3][:32]
+    assert all(q[:32] != first for q in ns["PROMPTS"])

@@ -178,8 +178,12 @@ def tokens(resp):
 
 def loud(url, model):
     """The finding's loud half, sent after every other request (it takes D down): one prompt
-    of LOUD tokens, the run's prompts laid end to end."""
-    prompt = list(itertools.islice(itertools.chain.from_iterable(itertools.cycle(PROMPTS)), LOUD))
+    of LOUD tokens, the run's prompts laid end to end, reversed. Reversed, it starts as no
+    earlier prompt does: P's prefix cache holds the first prompt's blocks, and a hit moves P's
+    first chunk (laid end to end, a 192-token prompt left D answering; 200 tokens took it
+    down)."""
+    tokens = itertools.chain.from_iterable(itertools.cycle(PROMPTS))
+    prompt = list(itertools.islice(tokens, LOUD))[::-1]
     rid = str(uuid.uuid4())
     params = FLOW == "params"
     try:

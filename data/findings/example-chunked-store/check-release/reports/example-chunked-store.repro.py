@@ -1,0 +1,387 @@
+"""A standalone reproduction written by ``python -m workbench check --report``.
+
+Starts P (kv_producer), D (kv_consumer) and a standalone baseline with the command lines
+below, on free ports and side-channel ports picked at start, sends every prompt to P with
+max_tokens=1 and do_remote_decode (D first computes the prompts the run primed it with, as
+the run did), then to D with P's kv_transfer_params (what vLLM's
+toy_proxy_server.py does; with FLOW "same-prompt", a connector that shares storage, P and D
+get the plain prompt, as vLLM's disaggregated-prefill-v1 example sends it), and the same
+prompt to the baseline; where the finding has a loud half (LOUD), one more prompt that takes
+D down, last; prints per request the tokens
+and the drafts and accepted tokens each side reports in ``metrics.speculative_decoding``
+(--per-request-spec-decode-metrics detailed), then the finding's symptom in one line, and
+stops the servers (also when this script is killed: each server gets SIGTERM when the script
+is gone, on Linux). Needs vLLM (with NIXL) and httpx; where PLUGIN_ENV is not empty, also the
+workbench installed in the same environment (its vLLM plugin does what vLLM alone cannot on
+this platform; the script never imports it).
+
+    python REPRO.py [--target DIR] [--drafter DIR]
+
+The models default to the workbench repository's data/models/ (found from this script's
+location, or ``$WORKBENCH_MODELS``).
+"""
+
+import argparse
+import ctypes
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from importlib import metadata
+from pathlib import Path
+
+import httpx
+
+FINDING = 'example-chunked-store'
+SYMPTOM = 'tokens'
+SERVERS = [
+ {
+  "role": "p",
+  "argv": [
+   "python",
+   "-m",
+   "vllm.entrypoints.openai.api_server",
+   "--model",
+   "{target}",
+   "--host",
+   "127.0.0.1",
+   "--port",
+   "{port}",
+   "--block-size",
+   "32",
+   "--max-model-len",
+   "1024",
+   "--dtype",
+   "float32",
+   "--seed",
+   "0",
+   "--speculative-config",
+   "{\"method\": \"eagle3\", \"model\": \"{drafter}\", \"num_speculative_tokens\": 1}",
+   "--max-num-batched-tokens",
+   "96",
+   "--per-request-spec-decode-metrics",
+   "detailed",
+   "--kv-cache-memory-bytes",
+   "268435456",
+   "--enforce-eager",
+   "--kv-transfer-config",
+   "{\"kv_connector\": \"ExampleConnector\", \"kv_role\": \"kv_both\", \"kv_connector_extra_config\": {\"shared_storage_path\": \"{storage}\"}}"
+  ],
+  "env": {
+   "VLLM_NO_USAGE_STATS": "1",
+   "DO_NOT_TRACK": "1",
+   "HF_HUB_OFFLINE": "1",
+   "TRANSFORMERS_OFFLINE": "1",
+   "PYTHONUNBUFFERED": "1",
+   "VLLM_CPU_OMP_THREADS_BIND": "{cpus}"
+  }
+ },
+ {
+  "role": "d",
+  "argv": [
+   "python",
+   "-m",
+   "vllm.entrypoints.openai.api_server",
+   "--model",
+   "{target}",
+   "--host",
+   "127.0.0.1",
+   "--port",
+   "{port}",
+   "--block-size",
+   "32",
+   "--max-model-len",
+   "1024",
+   "--dtype",
+   "float32",
+   "--seed",
+   "0",
+   "--speculative-config",
+   "{\"method\": \"eagle3\", \"model\": \"{drafter}\", \"num_speculative_tokens\": 3}",
+   "--per-request-spec-decode-metrics",
+   "detailed",
+   "--kv-cache-memory-bytes",
+   "268435456",
+   "--enforce-eager",
+   "--kv-transfer-config",
+   "{\"kv_connector\": \"ExampleConnector\", \"kv_role\": \"kv_both\", \"kv_connector_extra_config\": {\"shared_storage_path\": \"{storage}\"}}"
+  ],
+  "env": {
+   "VLLM_NO_USAGE_STATS": "1",
+   "DO_NOT_TRACK": "1",
+   "HF_HUB_OFFLINE": "1",
+   "TRANSFORMERS_OFFLINE": "1",
+   "PYTHONUNBUFFERED": "1",
+   "VLLM_CPU_OMP_THREADS_BIND": "{cpus}"
+  }
+ },
+ {
+  "role": "baseline",
+  "argv": [
+   "python",
+   "-m",
+   "vllm.entrypoints.openai.api_server",
+   "--model",
+   "{target}",
+   "--host",
+   "127.0.0.1",
+   "--port",
+   "{port}",
+   "--block-size",
+   "32",
+   "--max-model-len",
+   "1024",
+   "--dtype",
+   "float32",
+   "--seed",
+   "0",
+   "--speculative-config",
+   "{\"method\": \"eagle3\", \"model\": \"{drafter}\", \"num_speculative_tokens\": 3}",
+   "--per-request-spec-decode-metrics",
+   "detailed",
+   "--kv-cache-memory-bytes",
+   "268435456",
+   "--enforce-eager"
+  ],
+  "env": {
+   "VLLM_NO_USAGE_STATS": "1",
+   "DO_NOT_TRACK": "1",
+   "HF_HUB_OFFLINE": "1",
+   "TRANSFORMERS_OFFLINE": "1",
+   "PYTHONUNBUFFERED": "1",
+   "VLLM_CPU_OMP_THREADS_BIND": "{cpus}"
+  }
+ }
+]
+PROMPTS = [[1, 318, 291, 313, 835, 278, 486, 223, 316, 522, 294, 573, 1567, 307, 462, 746, 817, 534, 1415, 385, 316, 467, 503, 351, 1033, 377, 462, 746, 817, 534, 1415, 547, 308, 447, 319, 952, 1668, 14, 361, 467, 39, 39, 45, 65, 787, 38, 266, 291, 313, 697, 278, 477, 19, 385, 316, 467, 769, 296, 462, 1932, 272, 288, 669, 765, 375, 1203, 16, 201], [1, 261, 303, 650, 10, 85, 11, 1656, 444, 457, 486, 28, 266, 288, 16, 768, 10, 68, 1856, 90, 626, 415, 201, 201, 317, 323, 768, 65, 72, 1320, 10, 72, 14, 735, 301, 274, 563, 326, 409, 274, 303, 735, 620, 486, 28, 266, 1279, 278, 486, 90, 26, 626, 18, 266, 735, 278, 735, 472, 477, 19, 274, 446, 28, 266, 1279, 278, 486, 274, 303, 735, 457, 486, 28, 201], [1, 274, 344, 575, 1923, 10, 276, 14, 575, 80, 14, 1374, 301, 266, 303, 575, 80, 16, 549, 457, 1239, 16, 53, 49, 37, 45, 65, 38, 41, 52, 35, 47, 28, 289, 316, 704, 53, 35, 1489, 1923, 725, 1985, 523, 273, 79, 285, 418, 394, 468, 361, 737, 38, 50, 1239, 85, 525, 625, 1653, 733, 289, 316, 1455, 351, 293, 1426, 864, 428, 49, 37, 50, 1414, 441, 289, 323, 81, 398, 352, 82, 1246, 16, 57, 53, 35, 1489, 1923, 10, 582, 80, 16, 72, 606, 81, 1219, 1374, 11, 201], [1, 318, 360, 266, 291, 313, 1072, 65, 1394, 65, 263, 1263, 346, 266, 333, 291, 313, 1093, 16, 263, 1263, 10, 1364, 14, 883, 308, 11, 322, 344, 268, 532, 78, 10, 276, 301, 266, 360, 654, 296, 1025, 475, 1618, 564, 266, 291, 313, 1072, 65, 792, 65, 2027, 346, 266, 303, 291, 313, 1137, 457, 323, 47, 49, 933, 65, 696, 1542, 28, 201], [1, 274, 344, 962, 1399, 1263, 10, 276, 14, 296, 1399, 1263, 14, 1995, 301, 266, 360, 266, 1763, 270, 1801, 625, 1263, 307, 270, 618, 355, 1053, 643, 641, 713, 266, 360, 266, 333, 312, 1143, 824, 10, 276, 16, 816, 70, 1057, 10, 70, 14, 314, 70, 14, 1995, 11, 361, 355, 70, 14, 314, 70, 11, 307, 296, 1399, 1263, 11, 322, 344, 962, 1399, 1263, 70, 1057, 10, 276, 14, 337, 1057, 14, 1995, 301, 266, 360, 266, 1763, 270, 962, 1346, 625, 1263, 337, 1057, 432, 16, 266, 360, 266, 303, 1995, 1301, 223, 27, 28, 289, 1268, 278, 337, 1057, 65, 374, 266, 446, 28, 201], [1, 287, 261, 316, 1169, 1799, 1114, 568, 1013, 463, 1983, 289, 558, 28, 331, 1336, 278, 1325, 10, 276, 14, 312, 2009, 65, 9, 437, 568, 11, 289, 579, 1793, 28, 331, 558, 28, 417, 1044, 31, 376, 668, 10, 276, 14, 312, 804, 65, 9, 437, 568, 11, 493, 1151, 357, 417, 303, 1044, 28, 646, 291, 16, 2003, 16, 768, 480, 7, 85, 62, 80, 4, 7, 676, 10, 1151, 448, 201], [1, 287, 261, 316, 673, 1406, 339, 702, 619, 714, 16, 359, 1297, 1992, 14, 625, 764, 86, 526, 1296, 410, 682, 2036, 1125, 289, 316, 1217, 291, 16, 768, 289, 714, 16, 359, 1297, 1992, 10, 549, 14, 459, 14, 268, 68, 11, 322, 344, 951, 519, 795, 1328, 10, 276, 301, 266, 360, 38, 378, 1611, 296, 1031, 526, 1810, 298, 69, 778, 651, 16, 385, 1502, 293, 1116, 296, 1021, 1196, 1266, 1887, 447, 319, 298, 294, 298, 1797, 867, 16, 385, 566, 1170, 319, 1692, 868, 481, 291, 16, 768, 1219, 388, 633, 16, 385, 360, 266, 714, 16, 352, 277, 65, 549, 14, 714, 16, 352, 277, 65, 391, 14, 1199, 65, 86, 68, 278, 310, 75, 278, 714, 16, 1362, 65, 687, 346, 266, 714, 16, 352, 277, 65, 795, 1328, 278, 1199, 65, 86, 68, 201], [1, 317, 557, 65, 1566, 10, 374, 14, 1505, 85, 301, 274, 360, 274, 1069, 338, 1986, 613, 1505, 1211, 309, 296, 1558, 307, 432, 16, 274, 574, 311, 319, 296, 1637, 1437, 432, 1964, 864, 1135, 1836, 1637, 14, 1052, 1825, 1836, 1095, 590, 14, 274, 422, 1157, 880, 16, 274, 1108, 772, 280, 270, 659, 377, 1505, 85, 1441, 375, 333, 296, 326, 886, 1026, 648, 82, 396, 394, 628, 274, 533, 396, 272, 970, 319, 1048, 351, 1378, 524, 1637, 1799, 58, 16, 590, 14, 1164, 270, 1157, 348, 1637, 1799, 58, 16, 590, 16, 67, 16, 68, 16, 69, 201]]
+PRIME_D = []  # PROMPTS' indexes D computes itself first (the run's primed prompts)
+LOUD = 192  # a prompt length that takes D's engine down, sent last (the loud half); 0: none
+MAX_TOKENS = 32
+PLUGIN_ENV = {}
+PLUGIN_KNOBS = {}
+FLOW = 'same-prompt'
+NO_KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+         "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+
+def default_models():
+    """``$WORKBENCH_MODELS``, else the first ``data/models`` above this script."""
+    if os.environ.get("WORKBENCH_MODELS"):
+        return Path(os.environ["WORKBENCH_MODELS"])
+    for up in Path(__file__).resolve().parents:
+        if (up / "data" / "models" / "target" / "config.json").is_file():
+            return up / "data" / "models"
+    return None
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_plan():
+    """P on the first half of this process's cores, D and the baseline on the rest."""
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // 2)
+    first, rest = cores[:half], cores[half:] or cores[:half]
+    return {"p": ",".join(map(str, first)), "d": ",".join(map(str, rest)),
+            "baseline": ",".join(map(str, rest))}
+
+
+def fill(value, values):
+    for k, v in values.items():
+        value = value.replace("{" + k + "}", str(v))
+    return value
+
+
+def plugin_files(tmp):
+    """The control file the workbench's plugin reads (knobs as below) and its state dir."""
+    if not PLUGIN_ENV:
+        return {}
+    if not any(e.name == "workbench_knobs" for e in metadata.entry_points(
+            group="vllm.general_plugins")):
+        sys.exit(f"{FINDING} needs the workbench's vLLM plugin on this platform "
+                 f"({', '.join(f'{k}={v}' for k, v in PLUGIN_KNOBS.items())}): install the "
+                 "workbench (pip install -e .) in this environment")
+    control = Path(tmp) / "knobs.json"
+    control.write_text(json.dumps({"version": 1, "knobs": PLUGIN_KNOBS, "seed": 0}))
+    (Path(tmp) / "state").mkdir()
+    return {"WORKBENCH_KNOBS_FILE": str(control), "WORKBENCH_KNOBS_STATE_DIR":
+            str(Path(tmp) / "state")}
+
+
+def triton_cpu():
+    """Model Runner V2 on the CPU: where the workbench's Triton backend declares its entry point
+    (docs/runners.md), for the servers' PYTHONPATH; None where no server needs it."""
+    if not any("{triton_cpu}" in v for s in SERVERS for v in s["env"].values()):
+        return None
+    try:
+        from workbench.knobs.triton_cpu import ENTRY_POINT_DIR
+    except ImportError:
+        sys.exit(f"{FINDING} runs Model Runner V2 on the CPU, whose Triton kernels need the "
+                 "workbench's Triton backend: install the workbench (pip install -e .) here")
+    return os.pathsep.join(p for p in (str(ENTRY_POINT_DIR), os.environ.get("PYTHONPATH"))
+                           if p)
+
+
+def start(server, values, extra_env):
+    env = {**os.environ, **{k: fill(v, values) for k, v in server["env"].items()}}
+    if PLUGIN_ENV and server["role"] != "baseline":
+        env.update({**PLUGIN_ENV, **extra_env, "WORKBENCH_ROLE": server["role"]})
+    log = Path(f"repro-{server['role']}.log").open("w")  # noqa: SIM115 - open while it runs
+    argv = [sys.executable, *(fill(a, values) for a in server["argv"][1:])]
+    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=die_with(os.getpid()))
+
+
+def die_with(parent):
+    """A child's first step: SIGTERM (vLLM's own clean shutdown) when ``parent`` is gone, so
+    a killed script leaves no server behind (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing)."""
+    def first_step():
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+    return first_step
+
+
+def exit_on_sigterm(signum, _frame):
+    """A SIGTERM runs the clean-up below (stop the servers) as Ctrl-C does."""
+    sys.exit(128 + signum)
+
+
+def wait(url, proc, timeout=600):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited (see repro-*.log)")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"{url}: not up after {timeout} s")
+
+
+def complete(url, model, prompt, request_id, **extra):
+    """A greedy completion of token ids (the prompt is not tokenized again: no second BOS)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "top_p": 1.0, "return_token_ids": True, "ignore_eos": False, "stream": False,
+            **extra}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=600,
+                   headers={"X-Request-Id": request_id})
+    r.raise_for_status()
+    return r.json()
+
+
+def spec(resp):
+    sd = (resp.get("metrics") or {}).get("speculative_decoding") or {}
+    return {"drafts": sd.get("num_spec_steps"), "accepted": sd.get("num_accepted_draft_tokens"),
+            "per_step_accepted": (sd.get("per_step_accepted") or [])[:4]}
+
+
+def tokens(resp):
+    return resp["choices"][0].get("token_ids") or resp["choices"][0]["text"]
+
+
+def loud(url, model):
+    """The finding's loud half, sent after every other request (it takes D down): one prompt
+    of LOUD tokens, the run's prompts laid end to end, reversed. Reversed, it starts as no
+    earlier prompt does: P's prefix cache holds the first prompt's blocks, and a hit moves P's
+    first chunk (laid end to end, a 192-token prompt left D answering; 200 tokens took it
+    down)."""
+    tokens = itertools.chain.from_iterable(itertools.cycle(PROMPTS))
+    prompt = list(itertools.islice(tokens, LOUD))[::-1]
+    rid = str(uuid.uuid4())
+    params = FLOW == "params"
+    try:
+        p_resp = complete(url["p"], model, prompt, rid, max_tokens=1,
+                          **({"kv_transfer_params": NO_KV} if params else {}))
+        complete(url["d"], model, prompt, rid,
+                 **({"kv_transfer_params": p_resp["kv_transfer_params"]} if params else {}))
+    except httpx.HTTPError as e:
+        return f"loud half: D failed on a {LOUD}-token prompt ({type(e).__name__}: {e})"
+    return f"loud half: D answered a {LOUD}-token prompt; it did not show here"
+
+
+def summary(rows):
+    """The finding's symptom in one line."""
+    n = len(rows)
+    differ = sum(not r["same_tokens"] for r in rows)
+    extra = [r["d"]["drafts"] - r["baseline"]["drafts"] for r in rows]
+    if SYMPTOM == "drafts":
+        return f"D counted {sum(extra)} more drafts than the baseline over {n} requests"
+    if SYMPTOM == "tokens":
+        return f"D's tokens differ from the baseline's in {differ} of {n} requests"
+    accepted = [r["d"]["accepted"] - r["baseline"]["accepted"] for r in rows]
+    return (f"{FINDING}: its symptom is read inside vLLM's processes by the workbench's plugin "
+            f"(the KV probe or thread affinities), not visible here; the acceptance side: D's "
+            f"tokens differ in {differ} of {n} requests, D accepted {sum(accepted)} tokens "
+            f"more than the baseline over {sum(extra)} more drafts")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    models = default_models()
+    ap.add_argument("--target", default=models and str(models / "target"))
+    ap.add_argument("--drafter", default=models and str(models / "drafter"))
+    args = ap.parse_args()
+    if not (args.target and args.drafter):
+        ap.error("no data/models found above this script: pass --target and --drafter "
+                 "(or set WORKBENCH_MODELS)")
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    cpus = cpu_plan()
+    with tempfile.TemporaryDirectory(prefix="repro-") as tmp:
+        values = {s["role"]: {"target": args.target, "drafter": args.drafter,
+                              "port": free_port(), "side_channel_port": free_port(),
+                              "cpus": cpus[s["role"]], "storage": f"{tmp}/kv-storage",
+                              "triton_cpu": triton_cpu()}
+                  for s in SERVERS}
+        url = {role: f"http://127.0.0.1:{v['port']}" for role, v in values.items()}
+        extra_env = plugin_files(tmp)
+        procs = {s["role"]: start(s, values[s["role"]], extra_env) for s in SERVERS}
+        try:
+            for role, p in procs.items():
+                wait(url[role], p)
+            for i in PRIME_D:  # as the run did: D caches these blocks before any PD request
+                complete(url["d"], args.target, PROMPTS[i], f"prime-{i}", max_tokens=1)
+            rows = []
+            for prompt in PROMPTS:
+                rid = str(uuid.uuid4())
+                params = FLOW == "params"
+                p_resp = complete(url["p"], args.target, prompt, rid, max_tokens=1,
+                                  **({"kv_transfer_params": NO_KV} if params else {}))
+                d = complete(url["d"], args.target, prompt, rid,
+                             **({"kv_transfer_params": p_resp["kv_transfer_params"]}
+                                if params else {}))
+                b = complete(url["baseline"], args.target, prompt, f"base-{rid}")
+                rows.append({"d": spec(d), "baseline": spec(b),
+                             "same_tokens": tokens(d) == tokens(b)})
+            extra = [r["d"]["drafts"] - r["baseline"]["drafts"] for r in rows]
+            print(json.dumps({"requests": rows, "d_drafts_minus_baseline": extra}, indent=1))
+            print(summary(rows))
+            if LOUD:
+                print(loud(url, args.target))
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            for p in procs.values():
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()
