@@ -114,6 +114,9 @@ def _dist_info(out: Path, dist: metadata.Distribution, version: str) -> Path:
     has no version, and vLLM no platform (``vllm_version_matches_substr``)."""
     name = dist.metadata["Name"].replace("-", "_")
     source = Path(dist.locate_file(f"{name}-{dist.version}.dist-info"))
+    if not (source / "METADATA").is_file():
+        raise DevBuildError(f"{source}: no METADATA; the installed {name} has no dist-info "
+                            "of its own version to copy")
     target = out / f"{name}-{version}.dist-info"
     target.mkdir()
     for f in source.iterdir():

@@ -146,3 +146,21 @@ def test_a_dev_build_says_which_patches_it_carries(tmp_path):
                           "print(release.devbuild_patches())"], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": str(out)})
     assert got.stdout.strip() == "['padded-load-step.patch']"
+
+
+def test_a_build_from_another_environment_without_record_keeps_its_metadata(tmp_path):
+    """An assembled release's environment has no RECORD: the dist-info is copied from its
+    directory, so the build has a version (vLLM picks its platform by it) and keeps ``cpu``."""
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / "vllm" / "_version.py").write_text("__version__ = '9.9.9+cpu'\n")
+    info = site / "vllm-9.9.9+cpu.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9+cpu\n")
+    (info / "top_level.txt").write_text("vllm\n")
+    out = devbuild.make(tmp_path / "build", site=site, commit="unknown")
+    (built,) = out.glob("vllm-*.dist-info")
+    assert built.name == "vllm-9.9.10.dev1+g0000000.cpu.dist-info"
+    assert "Version: 9.9.10.dev1+g0000000.cpu" in (built / "METADATA").read_text()
+    assert (built / "top_level.txt").is_file() and (out / "vllm" / "__init__.py").is_file()
