@@ -83,9 +83,10 @@ def next_dev_version(release: str) -> str:
     return f"{major}.{minor}.{micro + 1}.dev1+g{PLACEHOLDER_COMMIT}{cpu}"
 
 
-def default_version() -> str:
-    """The next dev version of the installed release (``next_dev_version``)."""
-    return next_dev_version(installed()[1].version)
+def default_version(site: Path | None = None) -> str:
+    """The next dev version of the installed release (``next_dev_version``): this Python's,
+    or the one in ``site``."""
+    return next_dev_version(installed(site)[1].version)
 
 
 def commit_of(version: str) -> str:
@@ -183,7 +184,7 @@ def make(out: Path, version: str | None = None, patches: Iterable[Path] = (),
     out = Path(out).resolve()
     if out.exists():
         raise DevBuildError(f"{out} exists; give a new directory")
-    version = version or next_dev_version(installed(site)[1].version)
+    version = version or default_version(site)
     created = _first_missing(out)
     try:
         _lay_out(out, version, patches, commit or commit_of(version), site)

@@ -55,6 +55,10 @@ class Upstream:
         exists for that release fixes it."""
         return self.released != ERROR and self.patched in (PASSES, NO_PATCH)
 
+    def met(self, installed: bool) -> bool:
+        """The exit rule: ``expected`` on the installed release, ``answered`` on another."""
+        return self.expected if installed else self.answered
+
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True, help="directory for upstream.json")
@@ -124,9 +128,9 @@ def pytest(test: Path, root: Path, build: Path | None,
     # vLLM's Triton kernels (the padded drafter path's) run under Triton's own interpreter on a
     # CPU, as Model Runner V2 does here (knobs/triton_cpu); no test without one is changed by it
     env.update(triton_cpu.server_env(env))
-    rel = test.relative_to(root)
+    place = test.relative_to(root)
     proc = subprocess.run([python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                           f"--confcutdir={rel.parent}", str(rel)], cwd=root, env=env,
+                           f"--confcutdir={place.parent}", str(place)], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600)
     said = next((ln[1:].strip() for ln in proc.stdout.splitlines() if ln.startswith("E   ")), "")
     outcome = OUTCOME.get(proc.returncode, ERROR)
@@ -164,7 +168,7 @@ def table(rows: list[Upstream], installed: bool) -> str:
     head = f"{'finding':28} {'vLLM':8} {'released':12} {'patched':9} {'s':>5}  test"
     lines = [head, "-" * len(head)]
     for r in rows:
-        mark = "" if (r.expected if installed else r.answered) else "  <-- unexpected"
+        mark = "" if r.met(installed) else "  <-- unexpected"
         lines.append(f"{r.id:28} {r.vllm:8} {r.released:12} {r.patched:9} {r.seconds:5.0f}  "
                      f"{r.test}{mark}")
     return "\n".join(lines)
@@ -183,5 +187,4 @@ def main(args: argparse.Namespace) -> int:
     atomic_write_json(out / "upstream.json", {"vllm": rel.version, "findings": [
         {**asdict(r), "expected": r.expected} for r in rows]}, indent=1, portable=True)
     print(table(rows, rel.installed))
-    ok = (r.expected if rel.installed else r.answered for r in rows)
-    return 0 if all(ok) else 1
+    return 0 if all(r.met(rel.installed) for r in rows) else 1
