@@ -21,10 +21,18 @@ setup:
 		echo "$(VENV) is installed from these requirements (stamp $(STAMP))"; \
 	else $(MAKE) --no-print-directory install; fi
 
+# uv (pinned in requirements/dev.txt) installs the same locked packages as pip, linked from its
+# cache and downloaded in parallel. It does not read pip's configuration, so pip's find-links
+# (where a machine keeps torch's +cpu wheel) are handed to it; where uv fails, pip installs.
 install:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --no-deps $(PIP_EXTRA) -r requirements/cpu.txt -r requirements/dev.txt
+	$(PY) -m pip install --quiet --no-deps $$(grep '^uv==' requirements/dev.txt)
+	links=$$($(PY) -m pip config get global.find-links 2>/dev/null || true); \
+	$(VENV)/bin/uv pip install --python $(PY) --no-deps --index-strategy unsafe-best-match \
+		$$(for d in $$links; do echo --find-links $$d; done) $(PIP_EXTRA) \
+		-r requirements/cpu.txt -r requirements/dev.txt \
+	|| $(PY) -m pip install --no-deps $(PIP_EXTRA) -r requirements/cpu.txt -r requirements/dev.txt
 	$(PY) -m pip install --no-deps --no-build-isolation -e .
 	$(PY) -c "import vllm, nixl, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	echo "$(INSTALL_HASH)" > $(STAMP)

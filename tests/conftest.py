@@ -94,9 +94,12 @@ def alive(pids: set[int]) -> set[int]:
 
 def pytest_collection_modifyitems(config, items):
     """Tests that need the shared servers restarted (restart-time knobs) run last, so the
-    servers restart once rather than back and forth; those that change the KV connector
-    after them, so no test restarts P and D back to NIXL after them. A change of model runner
-    restarts all three servers (the baseline too): those tests run last of all."""
+    servers restart once rather than back and forth; the one that binds them beyond loopback
+    after the others (they would restart them back to loopback first); those that change
+    the KV connector after them, so no test restarts P and D back to NIXL after them. A change
+    of model runner restarts all three servers (the baseline too): those tests run last of
+    all."""
     items.sort(key=lambda item: (item.get_closest_marker("restart") is not None,
                                  item.get_closest_marker("runner") is not None,
-                                 item.get_closest_marker("connector") is not None))
+                                 item.get_closest_marker("connector") is not None,
+                                 item.get_closest_marker("beyond_loopback") is not None))

@@ -73,6 +73,7 @@ def listening(server) -> dict[int, set[str]]:
 
 
 @pytest.mark.restart
+@pytest.mark.beyond_loopback
 def test_servers_bound_beyond_loopback_say_so_in_the_notes(pd_session, small_cfg, tmp_path):
     """P and D restarted on 0.0.0.0 (host is a server field): their HTTP port and NIXL's side
     channel are bound to every interface, and the run's notes say so once."""

@@ -24,8 +24,11 @@ MRV2_CLASS = "vllm.v1.worker.cpu.model_runner:CPUModelRunner"
 @pytest.fixture(scope="module")
 def v2(pd_session, base_cfg, tmp_path_factory):
     """8 prompts at 8 in flight on MRV2 with the KV probe, then the legacy hand-off on the
-    bad case; the servers before the change of runner; each role's stand-in counts."""
-    pd_session.ensure(base_cfg)
+    bad case; the V1 servers before the change of runner (in the suite the connector tests'
+    last: P and D restart for the connector too, the baseline for the runner alone); each
+    role's stand-in counts."""
+    if set(pd_session.servers) != {"p", "d", "baseline"}:  # run alone: V1 servers to leave
+        pd_session.ensure(base_cfg)
     before = {r: tree_pids(s) for r, s in pd_session.servers.items()}
     counts = tmp_path_factory.mktemp("triton-profile")
     cfg = replace(base_cfg, num_prompts=8, max_tokens=32, concurrency=8, kv_probe=True,

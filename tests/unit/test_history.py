@@ -399,6 +399,19 @@ def test_a_native_server_runs_the_release_python_observe_only_without_flags_it_l
         assert "WORKBENCH_KNOBS_FILE" not in env and out.nixl_progress_delay_us == 0
         assert env[observe.ENV] == str(tmp_path / "obs" / f"observe-{spec.role}")
         assert (out.port, out.auto_ports) == (spec.port, spec.auto_ports)
+        assert env["VLLM_CACHE_ROOT"] == str(native.cache_root("0.28.0"))
+
+
+def test_each_release_keeps_vllms_cache_under_a_root_of_its_own(tmp_path, monkeypatch):
+    """vLLM's inspection of a model class is cached under the class's name alone with one
+    module hash: releases sharing a root would overwrite each other's entry."""
+    cache_root = native.cache_root
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root("0.28.0") == tmp_path / "xdg" / "vllm" / "releases" / "0.28.0"
+    assert cache_root("0.28.0") != cache_root("0.29.0")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "mine"))
+    assert cache_root("0.28.0") == tmp_path / "mine" / "releases" / "0.28.0"
 
 
 def test_a_native_session_refuses_a_knob_or_the_kv_probe_before_any_server_starts(tmp_path):

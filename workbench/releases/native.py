@@ -6,10 +6,11 @@ feeds it on the installed build, so the detectors, the result shape and the meas
 release has no per-request spec-decode field) are the workbench's own. What differs is only
 how the servers start: the release's Python (``.venvs/vllm-<release>``), no knob control file
 (``WORKBENCH_OBSERVE_ONLY``: the plugin installs the release's compatibility fixes and nothing
-else, ``knobs/observe.py``), no NIXL progress delay (a workbench patch), and vLLM's dev mode
-for ``POST /reset_prefix_cache`` (without the knob channel, how each run starts from empty
-prefix caches). Where the release's source holds the KV probe's targets, the servers carry the
-probe too (an instrument: it reads KV and changes nothing), switched per run through request
+else, ``knobs/observe.py``), no NIXL progress delay (a workbench patch), vLLM's cache under a
+root of the release's own (``cache_root``), and vLLM's dev mode for ``POST
+/reset_prefix_cache`` (without the knob channel, how each run starts from empty prefix
+caches). Where the release's source holds the KV probe's targets, the servers carry the probe
+too (an instrument: it reads KV and changes nothing), switched per run through request
 files (``channels.ProbeChannel``); where it holds ``cpu_pin``'s, each worker writes the cores
 its forward thread was left on, which the result carries under ``knobs.detail`` as the knob
 channel's would.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,18 @@ from ..paths import portable
 from ..serving import channels, proxy, rundir
 from ..serving.servers import ServerSpec
 from .assemble import build_record
+
+
+def cache_root(version: str) -> Path:
+    """vLLM's cache root for one release's servers: ``releases/<version>`` under vLLM's own
+    (``VLLM_CACHE_ROOT``, else ``$XDG_CACHE_HOME/vllm`` or ``~/.cache/vllm``, as vLLM's
+    ``envs`` resolves it). vLLM names its cached inspection of a model class
+    (``_LazyRegisteredModel``, ``modelinfos/``) by the class alone and keeps one module hash in
+    it, so releases sharing a root overwrote each other's entries, and each switch inspected
+    both models again in a fresh interpreter."""
+    base = os.environ.get("VLLM_CACHE_ROOT") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm"
+    return Path(base).expanduser() / "releases" / version
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,7 @@ class NativeRelease:
     def adapt(self, spec: ServerSpec) -> ServerSpec:
         """``spec`` on this release: its Python, observe-only, no flag it lacks."""
         env = {**spec.extra_env, compat_fixes.ENV_LOG: str(self.fixes_log),
+               "VLLM_CACHE_ROOT": str(cache_root(self.version)),
                observe.ENV: str(self.report_dir / f"observe-{spec.role}"),
                **({knob_spec.ENV_OBSERVE_KV_PROBE: str(self.probe_dir)} if self.kv_probe
                   else {}),
