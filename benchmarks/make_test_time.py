@@ -6,7 +6,9 @@ Clones this repository's HEAD into a temporary directory (no ``.venv``, no ``.ca
 gets) and runs ``make test`` there, the output to ``make-test.log`` beside it. Prints the wall
 time, the time until pytest started (setup and lint), pytest's own seconds and its summary
 line; ``--docs`` writes them to ``data/performance/make-test.json`` and a table into
-docs/performance.md.
+docs/performance.md. One cold ``import vllm.entrypoints.openai.api_server`` is timed before and
+after the run (``start_vs_import.py``'s reference): this shared machine's speed moves from
+hour to hour, and the suite over the import says whether a change or the machine moved.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import datetime as dt
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,12 +26,14 @@ import time
 from pathlib import Path
 
 import doc_tables  # a sibling script
+from start_vs_import import IMPORT, timed  # a sibling script
 
 SUMMARY = re.compile(r"^=+ (.*\d+ passed.*) in ([\d.]+)s")
 STARTED = "test session starts"
 
 
 def run(repo: Path, log: Path) -> dict:
+    imports = [timed(IMPORT, dict(os.environ))]
     subprocess.run(["git", "clone", "-q", str(doc_tables.REPO), str(repo)], check=True)
     commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
                             check=True, capture_output=True, text=True).stdout.strip()
@@ -45,11 +50,14 @@ def run(repo: Path, log: Path) -> dict:
                 pytest_at = time.monotonic() - t0
         rc = proc.wait()
     wall = time.monotonic() - t0
+    imports.append(timed(IMPORT, dict(os.environ)))
     summary = [m for line in log.read_text().splitlines() if (m := SUMMARY.match(line))]
     return {"commit": commit, "exit": rc, "wall_s": round(wall, 1),
             "setup_and_lint_s": round(pytest_at, 1) if pytest_at is not None else None,
             "pytest_s": float(summary[-1].group(2)) if summary else None,
             "summary": summary[-1].group(1) if summary else None,
+            "import_s": [round(t, 1) for t in imports],
+            "wall_over_import": round(wall / statistics.median(imports), 1),
             "date": dt.date.today().isoformat(), "cores": os.cpu_count()}
 
 
@@ -59,7 +67,17 @@ def table(doc: dict) -> str:
         f"| `{doc['commit']}` | **{doc['wall_s'] / 60:.1f} min** | "
         f"{doc['setup_and_lint_s'] / 60:.1f} min | {doc['pytest_s'] / 60:.1f} min | "
         f"{doc['summary']} (exit {doc['exit']}) |",
-        "", f"`benchmarks/make_test_time.py`, {doc['date']}, {doc['cores']} cores."])
+        "", reference(doc) + f"`benchmarks/make_test_time.py`, {doc['date']}, "
+        f"{doc['cores']} cores."])
+
+
+def reference(doc: dict) -> str:
+    """The cold imports around the run (records from before they were timed have none)."""
+    if "import_s" not in doc:
+        return ""
+    return ("One cold `import vllm.entrypoints.openai.api_server` before and after: "
+            f"{' and '.join(f'{t:.1f} s' for t in doc['import_s'])}; the wall is "
+            f"{doc['wall_over_import']:.0f} times their median. ")
 
 
 def main() -> None:
