@@ -27,11 +27,11 @@ setup:
 install:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-deps $$(grep '^uv==' requirements/dev.txt)
 	links=$$($(PY) -m pip config get global.find-links 2>/dev/null || true); \
-	$(VENV)/bin/uv pip install --python $(PY) --no-deps --index-strategy unsafe-best-match \
+	{ $(PY) -m pip install --quiet --no-deps $$(grep '^uv==' requirements/dev.txt) && \
+	  $(VENV)/bin/uv pip install --python $(PY) --no-deps --index-strategy unsafe-best-match \
 		$$(for d in $$links; do echo --find-links $$d; done) $(PIP_EXTRA) \
-		-r requirements/cpu.txt -r requirements/dev.txt \
+		-r requirements/cpu.txt -r requirements/dev.txt; } \
 	|| $(PY) -m pip install --no-deps $(PIP_EXTRA) -r requirements/cpu.txt -r requirements/dev.txt
 	$(PY) -m pip install --no-deps --no-build-isolation -e .
 	$(PY) -c "import vllm, nixl, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__)"
