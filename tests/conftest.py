@@ -92,14 +92,48 @@ def alive(pids: set[int]) -> set[int]:
     return out
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Tests that need the shared servers restarted (restart-time knobs) run last, so the
     servers restart once rather than back and forth; the one that binds them beyond loopback
     after the others (they would restart them back to loopback first); those that change
     the KV connector after them, so no test restarts P and D back to NIXL after them. A change
     of model runner restarts all three servers (the baseline too): those tests run last of
-    all."""
-    items.sort(key=lambda item: (item.get_closest_marker("restart") is not None,
+    all. Under pytest-xdist each group (``xdist_group``) is queued whole, the shared servers'
+    first and the longest after it, and the order above holds within a group."""
+    vllm_modules = {i.path for i in items if i.get_closest_marker("vllm")}
+    for item in items:
+        if (group := xdist_group(Path(item.path), vllm_modules)) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: (queue_rank(Path(item.path), vllm_modules),
+                                 item.get_closest_marker("restart") is not None,
                                  item.get_closest_marker("runner") is not None,
                                  item.get_closest_marker("connector") is not None,
                                  item.get_closest_marker("beyond_loopback") is not None))
+
+
+SHARED = "servers"  # the group of every test on the session's servers (``pd_session``)
+# Modules that start vLLM of their own, longest first: under ``make test`` (two pytest-xdist
+# workers, ``--dist loadgroup``) the second worker runs them, and the tests that start no
+# server, beside the first worker's shared servers, whose runs leave one of the two cores idle
+# for much of their time (docs/performance.md).
+OWN_SERVERS = ("test_check", "test_history_live", "test_attach", "test_training",
+               "test_cleanup")
+
+
+def xdist_group(path: Path, vllm_modules: set) -> str | None:
+    """``servers`` for a test on the session's servers, the module's name for a module that
+    starts vLLM otherwise (its fixtures are the module's), None for a test either worker may
+    run alone."""
+    if path.parent.name == SHARED and path.stem not in OWN_SERVERS:
+        return SHARED
+    return path.stem if path in vllm_modules else None
+
+
+def queue_rank(path: Path, vllm_modules: set) -> int:
+    """Where a test's group is queued: the shared servers' first, the modules that start
+    their own next (longest first), the rest as collected."""
+    group = xdist_group(path, vllm_modules)
+    if group == SHARED:
+        return 0
+    return 1 + OWN_SERVERS.index(group) if group in OWN_SERVERS else len(OWN_SERVERS) + 1

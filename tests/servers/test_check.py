@@ -73,7 +73,7 @@ def test_the_report_of_a_present_finding_reproduces_without_the_workbench(checke
     # (the workbench's plugin reads the variable and installs that, no knob): as vLLM ships it,
     # idle P and D poll without pause, spin both cores, and the servers' start takes ~70 s
     # longer here. The script, its command lines and what vLLM schedules are as written.
-    env = {**os.environ, spec.ENV_NIXL_PROGRESS_DELAY_US: "1000"}
+    env = {**os.environ, spec.ENV_NIXL_PROGRESS_DELAY_US: "1000", **FORKED}
     p = subprocess.run([sys.executable, str(script), "--target", str(paths.DEFAULT_TARGET),
                         "--drafter", str(paths.DEFAULT_DRAFTER)], capture_output=True,
                        text=True, timeout=1100, cwd=out / "r", env=env)
@@ -82,6 +82,12 @@ def test_the_report_of_a_present_finding_reproduces_without_the_workbench(checke
     assert m and int(m.group(1)) == int(m.group(2)) > 0, p.stdout[-2000:]
     result = json.loads(p.stdout[:p.stdout.rindex("}") + 1])
     assert all(r["d"]["per_step_accepted"][0] == 0 for r in result["requests"])
+
+
+# vLLM forks each server's engine core and worker, as off the CPU (``knobs/fork_start.py``,
+# read by the plugin: no knob), instead of two more interpreters importing torch and vLLM:
+# test_server_start.py shows forked and spawned servers give the same tokens, counts and KV.
+FORKED = {spec.ENV_FORK_START: "1"}
 
 
 def server_logs(d: Path) -> str:
@@ -100,7 +106,8 @@ def test_the_committed_host_staged_repro_shows_the_bug_on_the_cpu_as_written(tmp
                       "result.json").read_text())
     assert run["token_agreement"] == 0.0
     p = subprocess.run([sys.executable, str(reports / "host-buffer-chunk-boundary.repro.py")],
-                       capture_output=True, text=True, timeout=1400, cwd=tmp_path)
+                       capture_output=True, text=True, timeout=1400, cwd=tmp_path,
+                       env={**os.environ, **FORKED})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:] + server_logs(tmp_path)
     n = len(run["requests"])
     assert f"D's tokens differ from the baseline's in {n} of {n} requests" in p.stdout, p.stdout
