@@ -8,7 +8,7 @@ PIP_EXTRA ?=
 STAMP := $(VENV)/.workbench-installed
 FIGURES_OUT ?= data/results
 PYTEST_ARGS ?=
-# pytest-xdist workers; tests/conftest.py groups the tests that start vLLM (docs/performance.md)
+# pytest-xdist workers; tests/conftest.py scopes the tests that start vLLM (docs/performance.md)
 TEST_WORKERS ?= 2
 
 .PHONY: setup install test lint figures load lock benchmark browser-test train evaluate clean compat kv-probe releases release-env check check-devbuild connectors check-connectors check-runners runner-cost runner-handoff fuzz fuzz-power history upstream
@@ -44,7 +44,7 @@ install:
 
 test: setup lint
 	$(PY) -m pytest -v --timeout=600 --durations=20 -m "not browser and not devbuild" \
-		-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS) tests
+		-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS) tests
 
 # ruff with the rules in pyproject.toml ([tool.ruff]); part of `make test`.
 lint: setup

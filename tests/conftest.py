@@ -92,48 +92,67 @@ def alive(pids: set[int]) -> set[int]:
     return out
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Tests that need the shared servers restarted (restart-time knobs) run last, so the
     servers restart once rather than back and forth; the one that binds them beyond loopback
     after the others (they would restart them back to loopback first); those that change
     the KV connector after them, so no test restarts P and D back to NIXL after them. A change
     of model runner restarts all three servers (the baseline too): those tests run last of
-    all. Under pytest-xdist each group (``xdist_group``) is queued whole, the shared servers'
-    first and the longest after it, and the order above holds within a group."""
-    vllm_modules = {i.path for i in items if i.get_closest_marker("vllm")}
-    for item in items:
-        if (group := xdist_group(Path(item.path), vllm_modules)) is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: (queue_rank(Path(item.path), vllm_modules),
+    all. Under pytest-xdist each scope (``scope``) is queued whole, the shared servers' first
+    and the longest after it, and the order above holds within a scope."""
+    if stray := [i.nodeid for i in items if i.get_closest_marker("vllm") and
+                 scope(i.nodeid) == i.nodeid]:
+        raise pytest.UsageError(f"tests that start vLLM belong under tests/ {VLLM_DIRS}, "
+                                f"where the scopes below find them: {stray}")
+    items.sort(key=lambda item: (queue_rank(item.nodeid),
                                  item.get_closest_marker("restart") is not None,
                                  item.get_closest_marker("runner") is not None,
                                  item.get_closest_marker("connector") is not None,
                                  item.get_closest_marker("beyond_loopback") is not None))
 
 
-SHARED = "servers"  # the group of every test on the session's servers (``pd_session``)
-# Modules that start vLLM of their own, longest first: under ``make test`` (two pytest-xdist
-# workers, ``--dist loadgroup``) the second worker runs them, and the tests that start no
-# server, beside the first worker's shared servers, whose runs leave one of the two cores idle
-# for much of their time (docs/performance.md).
+# ``make test`` runs two pytest-xdist workers (``-n 2 --dist loadscope``): the first runs every
+# test on the session's servers (``pd_session``), whose runs leave one of the two cores idle for
+# much of their time (docs/performance.md); the second, beside it, the modules that start vLLM
+# of their own (one scope each: their fixtures are the module's), longest first, and the tests
+# that start none. The directories whose tests start vLLM, and those of tests/servers that do
+# not use the session's servers:
+VLLM_DIRS = ("servers", "training", "devbuild")
+SHARED = "tests/servers"
 OWN_SERVERS = ("test_check", "test_history_live", "test_attach", "test_training",
                "test_cleanup")
 
 
-def xdist_group(path: Path, vllm_modules: set) -> str | None:
-    """``servers`` for a test on the session's servers, the module's name for a module that
-    starts vLLM otherwise (its fixtures are the module's), None for a test either worker may
-    run alone."""
-    if path.parent.name == SHARED and path.stem not in OWN_SERVERS:
+def scope(nodeid: str) -> str:
+    """The work unit a test belongs to: ``tests/servers`` for a test on the session's servers,
+    its module for another module that starts vLLM, the test itself otherwise."""
+    path = Path(nodeid.split("::", 1)[0])
+    if path.parent.name not in VLLM_DIRS:
+        return nodeid
+    if path.parent.as_posix() == SHARED and path.stem not in OWN_SERVERS:
         return SHARED
-    return path.stem if path in vllm_modules else None
+    return path.as_posix()
 
 
-def queue_rank(path: Path, vllm_modules: set) -> int:
-    """Where a test's group is queued: the shared servers' first, the modules that start
+def queue_rank(nodeid: str) -> int:
+    """Where a test's scope is queued: the shared servers' first, the modules that start
     their own next (longest first), the rest as collected."""
-    group = xdist_group(path, vllm_modules)
-    if group == SHARED:
+    stem = Path(nodeid.split("::", 1)[0]).stem
+    if scope(nodeid) == SHARED:
         return 0
-    return 1 + OWN_SERVERS.index(group) if group in OWN_SERVERS else len(OWN_SERVERS) + 1
+    return 1 + OWN_SERVERS.index(stem) if stem in OWN_SERVERS else len(OWN_SERVERS) + 1
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with the scopes above. (Not ``loadgroup``: pytest-xdist 3.8 marks a
+    group by rewriting ``item._nodeid``, which pytest 9 no longer reads, so no group held.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope(nodeid)
+
+    return Scopes(config, log)
