@@ -146,7 +146,8 @@ def queue_rank(nodeid: str) -> int:
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadscope`` with the scopes above. (Not ``loadgroup``: pytest-xdist 3.8 marks a
-    group by rewriting ``item._nodeid``, which pytest 9 no longer reads, so no group held.)"""
+    group by rewriting ``item._nodeid``, which pytest 9 no longer reads, so no group held;
+    pytest-xdist issue #1386.)"""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
