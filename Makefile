@@ -27,7 +27,7 @@ setup:
 # cache and downloaded in parallel. It does not read pip's configuration, so pip's find-links
 # (where a machine keeps torch's +cpu wheel) are handed to it; where uv fails, pip installs.
 # Unlike pip, uv compiles no bytecode unless asked: where PYTHONDONTWRITEBYTECODE is set, every
-# process would compile torch and vLLM from source again (one cold import: 34 s against 15 s).
+# process would compile torch and vLLM from source again (a cold import took more than twice as long).
 install:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

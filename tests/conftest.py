@@ -111,12 +111,12 @@ def pytest_collection_modifyitems(config, items):
                                  item.get_closest_marker("beyond_loopback") is not None))
 
 
-# ``make test`` runs two pytest-xdist workers (``-n 2 --dist loadscope``): the first runs every
-# test on the session's servers (``pd_session``), whose runs leave one of the two cores idle for
-# much of their time (docs/performance.md); the second, beside it, the modules that start vLLM
+# ``make test`` runs two pytest-xdist workers (``-n 2 --dist loadscope``): one runs every test
+# on the session's servers (``pd_session``), whose runs leave one of the two cores idle for
+# much of their time (docs/performance.md); the other, beside it, the modules that start vLLM
 # of their own (one scope each: their fixtures are the module's), longest first, and the tests
-# that start none. The directories whose tests start vLLM, and those of tests/servers that do
-# not use the session's servers:
+# that start none. The directories whose tests start vLLM, and the modules that start their
+# own (those of tests/servers do not use the session's servers), in the order they are queued:
 VLLM_DIRS = ("servers", "training", "devbuild")
 SHARED = "tests/servers"
 OWN_SERVERS = ("test_check", "test_history_live", "test_attach", "test_training",
