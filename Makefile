@@ -27,7 +27,7 @@ setup:
 # cache and downloaded in parallel. It does not read pip's configuration, so pip's find-links
 # (where a machine keeps torch's +cpu wheel) are handed to it; where uv fails, pip installs.
 # Unlike pip, uv compiles no bytecode unless asked: where PYTHONDONTWRITEBYTECODE is set, every
-# process would compile torch and vLLM from source again (a cold import took more than twice as long).
+# process would compile torch and vLLM from source again (a cold import: over twice as long).
 install:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
