@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from workbench.config import ConfigError
-from workbench.serving import servers
+from workbench.serving import ports, servers
 
 
 def _time_wait_port() -> int:
     """A port whose only socket is an accepted connection in TIME_WAIT, from a listener with
     SO_REUSEADDR as uvicorn makes it."""
-    srv = servers._server_socket()
+    srv = ports.server_socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen()
     port = srv.getsockname()[1]
@@ -33,6 +33,28 @@ def _time_wait_port() -> int:
     srv.close()
     time.sleep(0.05)
     return port
+
+
+def test_an_automatic_port_lies_outside_the_kernels_ephemeral_range():
+    """Where the kernel hands out ports itself (outgoing connections, any process's bind(0))
+    none is picked: a server binds its port tens of seconds later, and a port from there was
+    taken in between (D's NIXL side channel, under two pytest workers)."""
+    kernel = ports.ephemeral_range()
+    picked = [servers.free_port() for _ in range(50)]
+    assert all(p not in kernel and ports.LOWEST <= p < 65536 for p in picked), picked
+    assert len(set(picked)) > 40  # at random, not the first free one each time
+
+
+def test_processes_seeded_alike_pick_different_ports():
+    """A run seeds Python's random with its seed; two runs (two pytest workers) seeded alike
+    must not walk the same sequence of ports."""
+    import random
+
+    picked = set()
+    for _ in range(5):
+        random.seed(0)
+        picked.add(servers.free_port())
+    assert len(picked) > 1
 
 
 TCP_STATES = {"01": "ESTABLISHED", "06": "TIME_WAIT", "0A": "LISTEN"}  # include/net/tcp_states.h
@@ -184,7 +206,7 @@ def test_a_port_the_user_chose_is_not_silently_changed(tmp_path):
 
 SIGTERM_WHILE_LOCKED = textwrap.dedent("""
     import os, signal, sys
-    from workbench.serving import servers
+    from workbench.serving import ports, servers
     signal.signal(signal.SIGTERM, lambda *a: None)  # the handler chains to this one
     servers._install_handlers()
     with servers._LOCK:  # as while a server is added to or removed from the live set

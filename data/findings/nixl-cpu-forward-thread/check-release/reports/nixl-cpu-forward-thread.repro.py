@@ -26,6 +26,7 @@ import ctypes
 import itertools
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -185,9 +186,23 @@ def default_models():
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A random port outside the kernel's ephemeral range that binds now. A server binds it
+    tens of seconds later, and a port from bind(0) lies in the range where, meanwhile, the
+    kernel may give it to any outgoing connection or another process's bind(0)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 49152, 65535
+    candidates = [p for p in range(20000, 65536) if not low <= p <= high]
+    for port in random.SystemRandom().sample(candidates, 200):
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    sys.exit("no free port between 20000 and 65535 outside the ephemeral range")
 
 
 def cpu_plan():
@@ -263,11 +278,16 @@ def exit_on_sigterm(signum, _frame):
     sys.exit(128 + signum)
 
 
-def wait(url, proc, timeout=600):
+def wait(role, url, proc, timeout=600):
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if proc.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited (see repro-*.log)")
+            raise RuntimeError(f"{url}: the server exited (see repro-{role}.log)")
+        if any("address already in use" in line and "retrying" not in line for line in
+               Path(f"repro-{role}.log").read_text(errors="replace").lower().splitlines()):
+            # vLLM's NIXL handshake listener dies of it in its thread; the server never answers
+            raise RuntimeError(f"{url}: a port picked for {role} was taken before the server "
+                               f"bound it (repro-{role}.log): run the script again")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
@@ -352,7 +372,7 @@ def main():
         procs = {s["role"]: start(s, values[s["role"]], extra_env) for s in SERVERS}
         try:
             for role, p in procs.items():
-                wait(url[role], p)
+                wait(role, url[role], p)
             for i in PRIME_D:  # as the run did: D caches these blocks before any PD request
                 complete(url["d"], args.target, PROMPTS[i], f"prime-{i}", max_tokens=1)
             rows = []
