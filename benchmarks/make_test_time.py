@@ -5,16 +5,18 @@
 Clones this repository's HEAD into a temporary directory (no ``.venv``, no ``.cache``: what CI
 gets) and runs ``make test`` there, the output to ``make-test.log`` beside it. Prints the wall
 time, the time until pytest started (setup and lint), pytest's own seconds and its summary
-line; ``--docs`` writes them to ``data/performance/make-test.json`` and a table into
-docs/performance.md. One cold ``import vllm.entrypoints.openai.api_server`` is timed before and
-after the run (``start_vs_import.py``'s reference): this shared machine's speed moves from
-hour to hour, and the suite over the import says whether a change or the machine moved.
+line; ``--docs`` adds them to the runs in ``data/performance/make-test.json`` and writes their
+table, one row per run, into docs/performance.md. One cold
+``import vllm.entrypoints.openai.api_server`` is timed before and after the run
+(``start_vs_import.py``'s reference): this shared machine's speed moves from hour to hour, and
+the suite over the import says whether a change or the machine moved.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import re
 import signal
@@ -62,22 +64,29 @@ def run(repo: Path, log: Path) -> dict:
 
 
 def table(doc: dict) -> str:
+    """One row per recorded run, oldest first."""
     return "\n".join([
-        "| fresh clone | wall | setup and lint | pytest | tests |", "|---|---|---|---|---|",
-        f"| `{doc['commit']}` | **{doc['wall_s'] / 60:.1f} min** | "
-        f"{doc['setup_and_lint_s'] / 60:.1f} min | {doc['pytest_s'] / 60:.1f} min | "
-        f"{doc['summary']} (exit {doc['exit']}) |",
-        "", reference(doc) + f"`benchmarks/make_test_time.py`, {doc['date']}, "
-        f"{doc['cores']} cores."])
+        "| fresh clone | date | wall | setup and lint | pytest | tests | cold imports | "
+        "wall / import |", "|---|---|---|---|---|---|---|---|",
+        *map(row, doc["runs"]),
+        "", "Cold imports: one `import vllm.entrypoints.openai.api_server` before and one after "
+        "the run; wall / import is the wall over their median, this shared machine's speed "
+        "taken out. `benchmarks/make_test_time.py --docs` adds a row."])
 
 
-def reference(doc: dict) -> str:
-    """The cold imports around the run (records from before they were timed have none)."""
-    if "import_s" not in doc:
-        return ""
-    return ("One cold `import vllm.entrypoints.openai.api_server` before and after: "
-            f"{' and '.join(f'{t:.1f} s' for t in doc['import_s'])}; the wall is "
-            f"{doc['wall_over_import']:.0f} times their median. ")
+def row(run: dict) -> str:
+    imports = " and ".join(f"{t:.1f} s" for t in run["import_s"])
+    return (f"| `{run['commit']}` | {run['date']} | **{run['wall_s'] / 60:.1f} min** | "
+            f"{run['setup_and_lint_s'] / 60:.1f} min | {run['pytest_s'] / 60:.1f} min | "
+            f"{run['summary']} (exit {run['exit']}), {run['cores']} cores | {imports} | "
+            f"{run['wall_over_import']:.0f} |")
+
+
+def with_run(run: dict) -> dict:
+    """The committed runs and this one."""
+    path = doc_tables.RECORDS / "make-test.json"
+    runs = json.loads(path.read_text())["runs"] if path.exists() else []
+    return {"runs": [*runs, run]}
 
 
 def main() -> None:
@@ -86,11 +95,12 @@ def main() -> None:
     ap.add_argument("--keep", help="clone into this directory (kept) instead of a temporary one")
     args = ap.parse_args()
     where = Path(args.keep or tempfile.mkdtemp(prefix="make-test-"))
-    doc = run(where / "repo", where / "make-test.log")
-    print(table(doc))
-    if args.docs and doc["summary"]:
+    this = run(where / "repo", where / "make-test.log")
+    print(row(this))
+    if args.docs and this["summary"]:
+        doc = with_run(this)
         doc_tables.write("make-test", doc, table(doc))
-    sys.exit(doc["exit"])
+    sys.exit(this["exit"])
 
 
 if __name__ == "__main__":
