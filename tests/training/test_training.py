@@ -33,6 +33,17 @@ def tiny_trained(tmp_path_factory):
     return d, Path(tdir), Path(ddir)
 
 
+@pytest.fixture(scope="module")
+def one_core():
+    """The in-process engines (``evaluate.make_llm``) run one OpenMP thread, on core 0, not one
+    per core: under ``make test`` the other worker keeps both cores busy, and two threads then
+    wait on each other, slower and costlier to that worker, for the same acceptance
+    (docs/performance.md, ``benchmarks/openmp_under_load.py``)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+        yield
+
+
 def _close(llm):
     # best effort: the engine may already be gone, and a failed shutdown must not fail a test
     with contextlib.suppress(Exception):
@@ -304,7 +315,7 @@ def test_probe_on_shipped_pair_cpu():
 # --------------------------------------------------------------------------- vLLM tests
 
 @pytest.mark.vllm
-def test_tiny_pair_runs_in_vllm(tiny_trained):
+def test_tiny_pair_runs_in_vllm(tiny_trained, one_core):
     from workbench.training.evaluate import make_llm, run_batch
 
     _, tdir, ddir = tiny_trained
@@ -320,7 +331,7 @@ def test_tiny_pair_runs_in_vllm(tiny_trained):
 
 
 @pytest.fixture(scope="module")
-def shipped_eval():
+def shipped_eval(one_core):
     if not (SHIPPED / "target" / "model.safetensors").exists():
         pytest.skip("data/models/ absent: no shipped checkpoints to measure")
     from workbench.training.evaluate import evaluate

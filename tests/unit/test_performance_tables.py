@@ -1,4 +1,4 @@
-"""docs/performance.md's server-start tables are the benchmarks' own, rendered again here from
+"""docs/performance.md's measured tables are the benchmarks' own, rendered again here from
 their committed records (``data/performance/*.json``), not typed in."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from workbench.paths import REPO
 
 TABLES = {"server-start": "server_start_profile", "one-request-run": "start_vs_import",
           "check-starts": "check_time", "fuzz-starts": "fuzz_start_share",
-          "make-test": "make_test_time"}
+          "make-test": "make_test_time", "openmp-under-load": "openmp_under_load"}
 
 
 def _script(name: str):
