@@ -12,10 +12,15 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import os
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
+
+from workbench.knobs.parent_death import ARMED
+from workbench.knobs.spec import ENV_DIE_WITH_PID
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "data" / "models"
@@ -315,19 +320,26 @@ def test_probe_on_shipped_pair_cpu():
 # --------------------------------------------------------------------------- vLLM tests
 
 @pytest.mark.vllm
-def test_tiny_pair_runs_in_vllm(tiny_trained, one_core):
+def test_tiny_pair_runs_in_vllm(tiny_trained, one_core, capfd):
     from workbench.training.evaluate import make_llm, run_batch
 
     _, tdir, ddir = tiny_trained
     llm = make_llm(None, target_dir=str(tdir), drafter_dir=str(ddir), kv_bytes=64 * 2**20,
                    max_model_len=256)
     try:
+        cores = [p.pid for p in psutil.Process().children() if p.name().startswith("VLLM::Eng")]
         r, toks, texts = run_batch(llm, [{"text": "import os\n"}, {"text": "def f(x):\n"}],
                                    max_tokens=8)
     finally:
         _close(llm)
     assert all(len(t) == 8 for t in toks)
     assert r["num_drafts"] > 0 and len(r["per_pos"]) == 3
+    # the engine core was set to die with this process (knobs/parent_death.py), and no other
+    assert len(cores) == 1
+    said = capfd.readouterr().err
+    assert said.count(ARMED.format(pid=cores[0], parent=os.getpid())) == 1, said[-2000:]
+    assert said.count("[workbench parent_death]") == 1
+    assert ENV_DIE_WITH_PID not in os.environ
 
 
 @pytest.fixture(scope="module")

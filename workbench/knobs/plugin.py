@@ -2,9 +2,11 @@
 
 vLLM calls :func:`register` in every process it starts (API server, engine core, workers).
 It does nothing unless ``WORKBENCH_KNOBS_FILE`` (or ``WORKBENCH_NIXL_PROGRESS_DELAY_US``,
-see ``nixl_progress.py``) is set. With ``WORKBENCH_OBSERVE_ONLY`` instead (an old release run
-natively) it installs no knob, only the release's compatibility fixes (``observe.py``), on any
-release. Otherwise it checks the vLLM version and installs, in this process:
+see ``nixl_progress.py``) is set; with ``WORKBENCH_DIE_WITH_PID`` an in-process engine's core
+dies with the process that built it (``parent_death.py``). With ``WORKBENCH_OBSERVE_ONLY``
+instead (an old release run natively) it installs no knob, only the release's compatibility
+fixes (``observe.py``), on any release. Otherwise it checks the vLLM version and installs, in
+this process:
 
 * the ``register`` hook of every knob that has one (``transfer``: restart-time patches that
   must exist before vLLM builds the KV connector);
@@ -29,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _patch, cpu_pin, fork_start, nixl_progress, spec
+from . import _patch, cpu_pin, fork_start, nixl_progress, parent_death, spec
 from .component import log, refuse, resolve, start_component
 from .http_channel import METHOD, worker_method
 from .release import check_version, runner_kind
@@ -71,6 +73,8 @@ def register() -> None:
     global _installed
     if _installed:
         return
+    if parent := parent_death.requested():
+        parent_death.install(parent)
     if fork_start.requested():
         _fork_start()
     if standins_mode := triton_standins.requested():

@@ -34,6 +34,7 @@ ENV_FORK_START = "WORKBENCH_FORK_START"  # "1": see fork_start.py
 ENV_OBSERVE_ONLY = "WORKBENCH_OBSERVE_ONLY"  # a directory: no knob, see observe.py
 ENV_OBSERVE_KV_PROBE = "WORKBENCH_OBSERVE_KV_PROBE"  # with it: the KV probe, see observe.py
 ENV_OBSERVE_AFFINITY = "WORKBENCH_OBSERVE_AFFINITY"  # "1": the forward thread's cores, ditto
+ENV_DIE_WITH_PID = "WORKBENCH_DIE_WITH_PID"  # an in-process LLM's pid: see parent_death.py
 
 # A hook: "module:function" (a module of this package or any importable one), or a callable.
 HookRef = str | Callable[..., Any]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import statistics
@@ -110,20 +111,39 @@ def make_llm(models_dir: str | None, k: int = 3, kv_bytes: int = 512 * 2**20,
 
     target_dir = target_dir or str(Path(models_dir, "target"))
     drafter_dir = drafter_dir or str(Path(models_dir, "drafter"))
-    return LLM(
-        model=target_dir,
-        tokenizer=target_dir,
-        speculative_config={"method": "eagle3", "model": drafter_dir, "num_speculative_tokens": k},
-        dtype=dtype,
-        block_size=block_size,
-        kv_cache_memory_bytes=kv_bytes,
-        max_model_len=max_model_len,
-        max_num_seqs=64,
-        enforce_eager=True,  # no compiled graphs: the KV hook must see every drafter call
-        enable_prefix_caching=False,  # reruns must prefill again, drafter included
-        disable_log_stats=False,
-        seed=0,
-    )
+    with _engine_dies_with_this_process():
+        return LLM(
+            model=target_dir,
+            tokenizer=target_dir,
+            speculative_config={"method": "eagle3", "model": drafter_dir,
+                                "num_speculative_tokens": k},
+            dtype=dtype,
+            block_size=block_size,
+            kv_cache_memory_bytes=kv_bytes,
+            max_model_len=max_model_len,
+            max_num_seqs=64,
+            enforce_eager=True,  # no compiled graphs: the KV hook must see every drafter call
+            enable_prefix_caching=False,  # reruns must prefill again, drafter included
+            disable_log_stats=False,
+            seed=0,
+        )
+
+
+@contextlib.contextmanager
+def _engine_dies_with_this_process():
+    """vLLM's engine core, started in here, stops when this process dies however it dies
+    (``knobs/parent_death.py``); processes started later from this one are left as they are."""
+    from ..knobs.spec import ENV_DIE_WITH_PID
+
+    old = os.environ.get(ENV_DIE_WITH_PID)
+    os.environ[ENV_DIE_WITH_PID] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[ENV_DIE_WITH_PID]
+        else:
+            os.environ[ENV_DIE_WITH_PID] = old
 
 
 def spec_counters(llm) -> dict:
