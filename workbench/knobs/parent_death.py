@@ -8,7 +8,8 @@ that built an offline ``LLM`` is killed (SIGTERM with no handler, SIGKILL, a tes
 ``training.evaluate.make_llm`` sets ``WORKBENCH_DIE_WITH_PID`` to its own pid while vLLM starts
 the engine core, and in that process (the one whose parent has that pid) this asks the kernel
 for SIGTERM when the parent dies (``PR_SET_PDEATHSIG``). The engine core's own handler turns it
-into vLLM's shutdown, and the worker follows through its death pipe.
+into vLLM's shutdown, and the worker follows through its death pipe. The kernel sends it when
+the thread that started the child ends, so ``make_llm`` sets it from the main thread only.
 
 Not a knob: nothing vLLM computes changes.
 """

@@ -25,6 +25,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -132,9 +133,13 @@ def make_llm(models_dir: str | None, k: int = 3, kv_bytes: int = 512 * 2**20,
 @contextlib.contextmanager
 def _engine_dies_with_this_process():
     """vLLM's engine core, started in here, stops when this process dies however it dies
-    (``knobs/parent_death.py``); processes started later from this one are left as they are."""
+    (``knobs/parent_death.py``); processes started later from this one are left as they are.
+    Only from the main thread: the kernel's signal follows the thread that started the child."""
     from ..knobs.spec import ENV_DIE_WITH_PID
 
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     old = os.environ.get(ENV_DIE_WITH_PID)
     os.environ[ENV_DIE_WITH_PID] = str(os.getpid())
     try:
