@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -79,6 +80,21 @@ def tree_pids(server) -> set[int]:
         return {root.pid} | {c.pid for c in root.children(recursive=True)}
     except psutil.NoSuchProcess:
         return set()
+
+
+def ipc_sockets(server) -> dict[str, set[str]]:
+    """The server's IPC directory (``serving/ipc_dir.py``) and every Unix socket its tree bound
+    in the temporary directory (vLLM's ZMQ IPC sockets), by the directory they are in."""
+    out: dict[str, set[str]] = {server.ipc_path: set()}
+    for pid in tree_pids(server):
+        try:
+            conns = psutil.Process(pid).net_connections(kind="unix")
+        except psutil.NoSuchProcess:
+            continue
+        for c in conns:
+            if isinstance(c.laddr, str) and c.laddr.startswith(tempfile.gettempdir() + "/"):
+                out.setdefault(str(Path(c.laddr).parent), set()).add(c.laddr)
+    return out
 
 
 def alive(pids: set[int]) -> set[int]:

@@ -1,4 +1,5 @@
-"""No orphaned vLLM processes: after an exception mid-run, and after the owner is SIGKILLed."""
+"""No orphaned vLLM processes, and no socket file of theirs left behind (``serving/ipc_dir.py``):
+after an exception mid-run, and after the owner is SIGKILLed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import alive, tree_pids
+from conftest import alive, ipc_sockets, tree_pids
 
 from workbench.config import ExperimentConfig
 from workbench.experiment import Session
@@ -31,11 +32,14 @@ def test_run_that_raises_half_way_leaves_no_process_and_keeps_what_was_measured(
     cfg = ExperimentConfig(target=tiny_pair[0], drafter=tiny_pair[1], prompt_set="random",
                            num_prompts=6, max_tokens=8, run_pd=False)
     seen: set[int] = set()
+    sockets: dict[str, set[str]] = {}
 
     with pytest.raises(Boom), Session(tmp_path / "logs") as s:
         def progress(phase, done, total):
             for server in s.servers.values():
                 seen.update(tree_pids(server))
+                for where, paths in ipc_sockets(server).items():
+                    sockets.setdefault(where, set()).update(paths)
             if done == 3:
                 raise Boom("half-way")
 
@@ -46,6 +50,11 @@ def test_run_that_raises_half_way_leaves_no_process_and_keeps_what_was_measured(
     while alive(seen) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not alive(seen), f"left running: {alive(seen)}"
+    # the baseline's sockets were all in its own directory, and went with it
+    assert len(sockets) == 1, sockets  # none elsewhere in the temporary directory
+    (where, paths), = sockets.items()
+    assert paths and Path(where).name.startswith("workbench-vllm-ipc-")
+    assert not Path(where).exists(), sorted(Path(where).iterdir())
     partial = Result.load(tmp_path / "out")
     assert partial.complete is False and "half-way" in partial.error
     measured = [r for r in partial.requests if "baseline" in r]
@@ -56,29 +65,35 @@ def test_servers_die_with_a_sigkilled_owner(tiny_pair, tmp_path):
     """A Jupyter kernel killed on restart runs no clean-up: the reaper must stop the servers."""
     script = textwrap.dedent(f"""
         import json, sys, time
-        from conftest import tree_pids
+        from conftest import ipc_sockets, tree_pids
         from workbench.config import ExperimentConfig
         from workbench.experiment import Session
         cfg = ExperimentConfig(target={tiny_pair[0]!r}, drafter={tiny_pair[1]!r},
                                prompt_set="random", num_prompts=1, max_tokens=4, run_pd=False)
         s = Session({str(tmp_path / "logs")!r})
         s.ensure(cfg)
-        print(json.dumps(sorted(set().union(*(tree_pids(v) for v in s.servers.values())))),
-              flush=True)
+        print(json.dumps([sorted(set().union(*(tree_pids(v) for v in s.servers.values()))),
+                          {{k: sorted(v) for v in s.servers.values()
+                           for k, v in ipc_sockets(v).items()}}]), flush=True)
         time.sleep(600)
     """)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))  # conftest.tree_pids
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))  # conftest's helpers
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                              env=env)
     try:
-        pids = set(json.loads(owner.stdout.readline()))
+        pids, sockets = json.loads(owner.stdout.readline())
+        pids = set(pids)
         assert len(pids) >= 3 and alive(pids) == pids
+        assert len(sockets) == 1, sockets
+        (where, paths), = sockets.items()
+        assert paths and Path(where).name.startswith("workbench-vllm-ipc-")
         owner.send_signal(signal.SIGKILL)
         owner.wait(10)
         deadline = time.monotonic() + 40
         while alive(pids) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not alive(pids), f"orphaned: {alive(pids)}"
+        assert not Path(where).exists(), sorted(Path(where).iterdir())  # the reaper removed it
     finally:
         if owner.poll() is None:
             owner.kill()

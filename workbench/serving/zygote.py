@@ -36,7 +36,7 @@ from pathlib import Path
 # NIXL and UCX theirs when the connector starts). Anything else forks a zygote of its own.
 PER_SERVER_PREFIX = "WORKBENCH_"
 PER_SERVER = frozenset({"VLLM_CPU_OMP_THREADS_BIND", "VLLM_NIXL_SIDE_CHANNEL_PORT",
-                        "VLLM_NIXL_SIDE_CHANNEL_HOST", "UCX_NET_DEVICES"})
+                        "VLLM_NIXL_SIDE_CHANNEL_HOST", "UCX_NET_DEVICES", "VLLM_RPC_BASE_PATH"})
 IMPORT = "vllm.entrypoints.openai.api_server"
 READY_TIMEOUT_S = 300.0
 
@@ -280,7 +280,7 @@ def _fork_server(request: dict, sock: socket.socket, owner: int) -> int:
 def _reaper(request: dict, owner: int) -> int:
     import psutil
 
-    from . import reaper
+    from . import ipc_dir, reaper
 
     command = f"{sys.executable} -m {request['module']} {' '.join(request['args'])}"
     _title(f"{sys.executable} -m {reaper.__name__} --parent {owner} -- {command}")
@@ -290,7 +290,8 @@ def _reaper(request: dict, owner: int) -> int:
     pid = os.fork()
     if pid == 0:
         _server(request, command)
-    return reaper.supervise(_Child(pid), lambda: _gone(owner, born), owner)
+    return reaper.supervise(_Child(pid), lambda: _gone(owner, born), owner,
+                            request["env"].get(ipc_dir.ENV))
 
 
 def _gone(pid: int, born: float) -> bool:

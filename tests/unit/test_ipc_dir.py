@@ -1,0 +1,45 @@
+"""``serving/ipc_dir.py``: a server's socket directory goes with its sockets, and nothing else
+is ever removed."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from workbench.serving import ipc_dir
+
+
+def bound(path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))  # the file stays after close, as vLLM's do
+
+
+def test_a_made_directory_goes_with_its_sockets():
+    d = Path(ipc_dir.make())
+    assert d.stat().st_mode & 0o777 == 0o700
+    bound(d / "a")
+    bound(d / "b")
+    ipc_dir.remove(str(d))
+    assert not d.exists()
+    ipc_dir.remove(str(d))  # once more: nothing to do, no error
+
+
+def test_a_directory_it_did_not_make_is_left_alone(tmp_path):
+    bound(tmp_path / "a")
+    ipc_dir.remove(str(tmp_path))
+    assert (tmp_path / "a").exists()
+
+
+def test_what_is_not_a_socket_stays_and_keeps_its_directory():
+    d = Path(ipc_dir.make())
+    bound(d / "a")
+    (d / "notes.txt").write_text("kept")
+    ipc_dir.remove(str(d))
+    assert not (d / "a").exists() and (d / "notes.txt").read_text() == "kept"
+    (d / "notes.txt").unlink()
+    d.rmdir()
+
+
+def test_no_directory_named_is_nothing_to_do():
+    ipc_dir.remove(None)
+    ipc_dir.remove("")
