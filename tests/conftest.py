@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -86,14 +87,18 @@ def ipc_sockets(server) -> dict[str, set[str]]:
     """The server's IPC directory (``serving/ipc_dir.py``) and every Unix socket its tree bound
     in the temporary directory (vLLM's ZMQ IPC sockets), by the directory they are in."""
     out: dict[str, set[str]] = {server.ipc_path: set()}
+    for c in tree_connections(server, "unix"):
+        if isinstance(c.laddr, str) and c.laddr.startswith(tempfile.gettempdir() + "/"):
+            out.setdefault(str(Path(c.laddr).parent), set()).add(c.laddr)
+    return out
+
+
+def tree_connections(server, kind: str) -> list:
+    """The sockets of ``kind`` (psutil's ``net_connections``) of the server's whole tree."""
+    out = []
     for pid in tree_pids(server):
-        try:
-            conns = psutil.Process(pid).net_connections(kind="unix")
-        except psutil.NoSuchProcess:
-            continue
-        for c in conns:
-            if isinstance(c.laddr, str) and c.laddr.startswith(tempfile.gettempdir() + "/"):
-                out.setdefault(str(Path(c.laddr).parent), set()).add(c.laddr)
+        with contextlib.suppress(psutil.Error):
+            out += psutil.Process(pid).net_connections(kind=kind)
     return out
 
 

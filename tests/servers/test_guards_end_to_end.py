@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import psutil
 import pytest
-from conftest import tree_pids
+from conftest import tree_connections
 
 from workbench.config import ConfigError, is_loopback
 from workbench.experiment import Session
@@ -61,14 +61,9 @@ def listening(server) -> dict[int, set[str]]:
     """The ports the server's process tree listens on, each with the addresses it is bound to
     (the kernel's socket table, through psutil)."""
     out: dict[int, set[str]] = {}
-    for pid in tree_pids(server):
-        try:
-            conns = psutil.Process(pid).net_connections(kind="inet")
-        except psutil.Error:
-            continue
-        for c in conns:
-            if c.status == psutil.CONN_LISTEN:
-                out.setdefault(c.laddr.port, set()).add(c.laddr.ip)
+    for c in tree_connections(server, "inet"):
+        if c.status == psutil.CONN_LISTEN:
+            out.setdefault(c.laddr.port, set()).add(c.laddr.ip)
     return out
 
 
