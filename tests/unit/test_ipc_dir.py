@@ -43,3 +43,10 @@ def test_what_is_not_a_socket_stays_and_keeps_its_directory():
 def test_no_directory_named_is_nothing_to_do():
     ipc_dir.remove(None)
     ipc_dir.remove("")
+
+
+def test_a_base_of_the_users_own_holds_the_directory(tmp_path):
+    d = Path(ipc_dir.make(str(tmp_path)))
+    assert d.parent == tmp_path
+    ipc_dir.remove(str(d))
+    assert not d.exists() and tmp_path.exists()

@@ -20,9 +20,10 @@ ENV = "VLLM_RPC_BASE_PATH"
 PREFIX = "workbench-vllm-ipc-"
 
 
-def make() -> str:
-    """A new directory (0700) for one server start's sockets."""
-    return tempfile.mkdtemp(prefix=PREFIX)
+def make(base: str | None = None) -> str:
+    """A new directory (0700) for one server start's sockets, in ``base`` (where a
+    ``VLLM_RPC_BASE_PATH`` of the user's own points) or else the temporary directory."""
+    return tempfile.mkdtemp(prefix=PREFIX, dir=base or None)
 
 
 def remove(path: str | None) -> None:

@@ -280,7 +280,8 @@ class VllmServer:
         if not self.spec.dev_mode:  # not even inherited: dev mode is asked for, or off
             env.pop("VLLM_SERVER_DEV_MODE", None)
         env.update(self.spec.env())
-        self.ipc_path = env[ipc_dir.ENV] = ipc_dir.make()  # its reaper removes it with the tree
+        # a directory of this start's own, which its reaper removes with the tree
+        self.ipc_path = env[ipc_dir.ENV] = ipc_dir.make(env.get(ipc_dir.ENV))
         try:
             self.proc = self._launch(self.spec.command(), env)
         except BaseException:  # nothing started: nothing else will remove it

@@ -33,7 +33,8 @@ from pathlib import Path
 
 # What may differ between servers of one zygote: read after the fork, never at import (the
 # workbench's plugin reads its variables when vLLM loads it; vLLM's CPU worker its binding;
-# NIXL and UCX theirs when the connector starts). Anything else forks a zygote of its own.
+# NIXL and UCX theirs when the connector starts; vLLM its IPC directory when it names a socket).
+# Anything else forks a zygote of its own.
 PER_SERVER_PREFIX = "WORKBENCH_"
 PER_SERVER = frozenset({"VLLM_CPU_OMP_THREADS_BIND", "VLLM_NIXL_SIDE_CHANNEL_PORT",
                         "VLLM_NIXL_SIDE_CHANNEL_HOST", "UCX_NET_DEVICES", "VLLM_RPC_BASE_PATH"})
