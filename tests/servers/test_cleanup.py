@@ -73,8 +73,8 @@ def test_servers_die_with_a_sigkilled_owner(tiny_pair, tmp_path):
         s = Session({str(tmp_path / "logs")!r})
         s.ensure(cfg)
         print(json.dumps([sorted(set().union(*(tree_pids(v) for v in s.servers.values()))),
-                          {{k: sorted(v) for v in s.servers.values()
-                           for k, v in ipc_sockets(v).items()}}]), flush=True)
+                          {{where: sorted(paths) for server in s.servers.values()
+                           for where, paths in ipc_sockets(server).items()}}]), flush=True)
         time.sleep(600)
     """)
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))  # conftest's helpers
