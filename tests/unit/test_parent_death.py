@@ -10,8 +10,8 @@ import sys
 import textwrap
 import time
 
-import psutil
 import pytest
+from conftest import alive
 
 from workbench.knobs import parent_death
 from workbench.knobs.spec import ENV_DIE_WITH_PID
@@ -37,13 +37,6 @@ PARENT = textwrap.dedent("""
 """).format(env=ENV_DIE_WITH_PID, child=CHILD)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def _child_after_parent_killed(mode: str, wait_s: float) -> bool:
     """Whether the child still runs ``wait_s`` after its parent was SIGKILLed."""
     parent = subprocess.Popen([sys.executable, "-c", PARENT, mode], stdout=subprocess.PIPE,
@@ -53,11 +46,11 @@ def _child_after_parent_killed(mode: str, wait_s: float) -> bool:
         parent.kill()
         parent.wait()
         deadline = time.monotonic() + wait_s
-        while _alive(child) and time.monotonic() < deadline:
+        while alive({child}) and time.monotonic() < deadline:
             time.sleep(0.1)
-        return _alive(child)
+        return bool(alive({child}))
     finally:
-        if _alive(child):
+        if alive({child}):
             os.kill(child, signal.SIGKILL)
 
 
