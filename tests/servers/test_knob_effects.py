@@ -84,12 +84,15 @@ def test_stale_blocks_hurt_more_than_zeroed_when_d_loads_only_the_last_block(pd_
     """D holds all but the prompt's last block and loads P's never-written
     lookahead block in its place. Stale KV there (noise at std 100, ``poisoned``: the scale of
     the notes' hand measurement) must hurt more than zeros. Measured on the shipped pair (8
-    lastblock prompts, 32 tokens, twice, the same both times): poisoned changes every affected
-    request's first token and leaves D's drafter no position-0 acceptance (0.000), zeroed
-    keeps it at the baseline's (0.500 vs 0.478) and the first difference at token 5.75 on
-    average. ``dirty`` (std 1) sits between the two (0.381 and 0.406 in two runs; reference
-    sweep: 0.485 zeroed, 0.400 dirty, 0.001 poisoned); on 8 requests its margin over zeroed is
-    too small to test reliably."""
+    lastblock prompts, 32 tokens): poisoned changes every affected request's first token (twice;
+    all but one's, once: first difference at token 0.125 on average) and leaves D's drafter no
+    position-0 acceptance (0.000), zeroed keeps it at the baseline's (0.500 vs 0.478) and the
+    first difference at token 5.75 on average. The noise is seeded per block id
+    (``blocks.fill_noise``), and which blocks P and D give a request depends on the order the
+    requests reach them, so poisoned's tokens are not the same run to run; zeroed's are.
+    ``dirty`` (std 1) sits between the two (0.381 and 0.406 in two runs; reference sweep: 0.485
+    zeroed, 0.400 dirty, 0.001 poisoned); on 8 requests its margin over zeroed is too small to
+    test reliably."""
     cfg = replace(base_cfg, prompt_set="lastblock", num_prompts=8, max_tokens=32)
     out = {}
     for blocks in ("zeroed", "poisoned"):
@@ -102,10 +105,12 @@ def test_stale_blocks_hurt_more_than_zeroed_when_d_loads_only_the_last_block(pd_
             "D did not reuse the primed prefix: it loaded more than the last block"
         first = [q["first_diff"] if q["first_diff"] is not None else cfg.max_tokens for q in rows]
         out[blocks] = {"agree": sum(q["agree"] for q in rows), "first": statistics.mean(first),
+                       "first_median": statistics.median(first),
                        "acc0": sum(q["pd"]["accepted_per_pos"][0] for q in rows)
                        / max(1, sum(q["pd"]["num_drafts"] for q in rows))}
-    assert out["poisoned"]["agree"] == 0 and out["poisoned"]["first"] == 0, out
+    assert out["poisoned"]["agree"] == 0 and out["poisoned"]["first_median"] == 0, out
     assert out["zeroed"]["first"] >= 3, out  # 5.75 measured
+    assert out["zeroed"]["first"] - out["poisoned"]["first"] >= 3, out  # 5.75 - (0 or 0.125)
     assert out["poisoned"]["acc0"] <= 0.05, out  # 0.000 measured
     assert out["zeroed"]["acc0"] - out["poisoned"]["acc0"] >= 0.3, out  # 0.500 measured
 
