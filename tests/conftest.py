@@ -84,7 +84,7 @@ def tree_pids(server) -> set[int]:
 
 
 def ipc_sockets(server) -> dict[str, set[str]]:
-    """The server's IPC directory (``serving/ipc_dir.py``) and every Unix socket its tree bound
+    """The server's IPC directory (``workbench/ipc_dir.py``) and every Unix socket its tree bound
     in the temporary directory (vLLM's ZMQ IPC sockets), by the directory they are in."""
     out: dict[str, set[str]] = {server.ipc_path: set()}
     for c in tree_connections(server, "unix"):

@@ -1,12 +1,14 @@
-"""A directory of its own for each server's ZMQ IPC sockets, removed when its tree is gone.
+"""A directory of its own for each vLLM engine's ZMQ IPC sockets, removed when it is gone.
 
 vLLM names every IPC socket ``$VLLM_RPC_BASE_PATH/<uuid4>`` (``VLLM_RPC_BASE_PATH`` defaults to
 the system's temporary directory; ``vllm.utils.network_utils.get_open_zmq_ipc_path``: the API
 server's engine input and output, the executor's message queues) and, stopped however it is
 stopped, Ctrl-C included, leaves the socket files behind. So each server the workbench starts
-gets a fresh directory here, and its reaper removes it with the tree (docs/troubleshooting.md).
+gets a fresh directory here, and its reaper removes it with the tree; an in-process engine
+(``training/evaluate.make_llm``) gets one removed when its process exits
+(docs/troubleshooting.md).
 
-A leaf module (the standard library only): the reaper imports it.
+A leaf module (the standard library only), below the layers that use it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No orphaned vLLM processes, and no socket file of theirs left behind (``serving/ipc_dir.py``):
+"""No orphaned vLLM processes, and no socket file of theirs left behind (``workbench/ipc_dir.py``):
 after an exception mid-run, and after the owner is SIGKILLed."""
 
 from __future__ import annotations

@@ -13,12 +13,14 @@ import contextlib
 import gc
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
+from workbench import ipc_dir
 from workbench.knobs.parent_death import ARMED
 from workbench.knobs.spec import ENV_DIE_WITH_PID
 
@@ -324,10 +326,12 @@ def test_tiny_pair_runs_in_vllm(tiny_trained, one_core, capfd):
     from workbench.training.evaluate import make_llm, run_batch
 
     _, tdir, ddir = tiny_trained
+    before = os.environ.get(ipc_dir.ENV)
     llm = make_llm(None, target_dir=str(tdir), drafter_dir=str(ddir), kv_bytes=64 * 2**20,
                    max_model_len=256)
     try:
         cores = [p.pid for p in psutil.Process().children() if p.name().startswith("VLLM::Eng")]
+        sockets = _ipc_sockets(cores)
         r, toks, texts = run_batch(llm, [{"text": "import os\n"}, {"text": "def f(x):\n"}],
                                    max_tokens=8)
     finally:
@@ -340,6 +344,24 @@ def test_tiny_pair_runs_in_vllm(tiny_trained, one_core, capfd):
     assert said.count(ARMED.format(pid=cores[0], parent=os.getpid())) == 1, said[-2000:]
     assert said.count("[workbench parent_death]") == 1
     assert ENV_DIE_WITH_PID not in os.environ
+    # its IPC socket files went to a directory of its own (workbench/ipc_dir.py), the
+    # variable only set while it was built
+    assert len(sockets) == 1 and next(iter(sockets)).name.startswith(ipc_dir.PREFIX), sockets
+    assert os.environ.get(ipc_dir.ENV) == before
+
+
+def _ipc_sockets(cores: list[int]) -> dict[Path, set[str]]:
+    """The Unix sockets this process and the engine cores' trees bound in the temporary
+    directory (vLLM's ZMQ IPC sockets), by the directory they are in."""
+    procs = [psutil.Process()]
+    for pid in cores:
+        procs += [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    out: dict[Path, set[str]] = {}
+    for p in procs:
+        for c in p.net_connections(kind="unix"):
+            if isinstance(c.laddr, str) and c.laddr.startswith(tempfile.gettempdir() + "/"):
+                out.setdefault(Path(c.laddr).parent, set()).add(c.laddr)
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -98,7 +98,7 @@ def test_session_is_orchestration_only():
 # after it. Top-level modules are groups of one.
 GROUPS = ("__main__", "cli", "notebook", "fuzz", "upstream", "releases", "findings", "compat",
           "devbuild", "experiment", "figures", "measuring", "serving", "config", "inputs",
-          "training", "knobs", "provenance", "paths")
+          "training", "knobs", "ipc_dir", "provenance", "paths")
 
 
 def group(module: str) -> str:

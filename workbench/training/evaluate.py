@@ -19,6 +19,7 @@ Run vLLM engines one at a time on a small CPU (``flock /tmp/wb/vllm.lock ...``).
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import contextlib
 import json
@@ -28,6 +29,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from .. import ipc_dir
 
 BAR = {
     "acc_len": (1.8, 3.2),
@@ -112,7 +115,7 @@ def make_llm(models_dir: str | None, k: int = 3, kv_bytes: int = 512 * 2**20,
 
     target_dir = target_dir or str(Path(models_dir, "target"))
     drafter_dir = drafter_dir or str(Path(models_dir, "drafter"))
-    with _engine_dies_with_this_process():
+    with _engine_dies_with_this_process(), _ipc_sockets_removed_at_exit():
         return LLM(
             model=target_dir,
             tokenizer=target_dir,
@@ -140,15 +143,33 @@ def _engine_dies_with_this_process():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = os.environ.get(ENV_DIE_WITH_PID)
-    os.environ[ENV_DIE_WITH_PID] = str(os.getpid())
+    with _env(ENV_DIE_WITH_PID, str(os.getpid())):
+        yield
+
+
+@contextlib.contextmanager
+def _ipc_sockets_removed_at_exit():
+    """The IPC socket files of the engine built in here go to a directory of their own, removed
+    when this process exits (``workbench/ipc_dir.py``): vLLM leaves them behind. A SIGKILLed
+    process leaves them, as a server's would without its reaper."""
+    path = ipc_dir.make(os.environ.get(ipc_dir.ENV))
+    atexit.register(ipc_dir.remove, path)
+    with _env(ipc_dir.ENV, path):
+        yield
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    """``name`` set to ``value`` in here, and as it was after."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            del os.environ[ENV_DIE_WITH_PID]
+            del os.environ[name]
         else:
-            os.environ[ENV_DIE_WITH_PID] = old
+            os.environ[name] = old
 
 
 def spec_counters(llm) -> dict:
