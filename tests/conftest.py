@@ -86,10 +86,18 @@ def tree_pids(server) -> set[int]:
 def ipc_sockets(server) -> dict[str, set[str]]:
     """The server's IPC directory (``workbench/ipc_dir.py``) and every Unix socket its tree bound
     in the temporary directory (vLLM's ZMQ IPC sockets), by the directory they are in."""
-    out: dict[str, set[str]] = {server.ipc_path: set()}
-    for c in tree_connections(server, "unix"):
-        if isinstance(c.laddr, str) and c.laddr.startswith(tempfile.gettempdir() + "/"):
-            out.setdefault(str(Path(c.laddr).parent), set()).add(c.laddr)
+    return {server.ipc_path: set(), **sockets_in_tempdir(tree_pids(server))}
+
+
+def sockets_in_tempdir(pids: set[int]) -> dict[str, set[str]]:
+    """Every Unix socket the processes ``pids`` bound in the temporary directory (vLLM's ZMQ
+    IPC sockets), by the directory they are in."""
+    out: dict[str, set[str]] = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            for c in psutil.Process(pid).net_connections(kind="unix"):
+                if isinstance(c.laddr, str) and c.laddr.startswith(tempfile.gettempdir() + "/"):
+                    out.setdefault(str(Path(c.laddr).parent), set()).add(c.laddr)
     return out
 
 

@@ -13,12 +13,12 @@ import contextlib
 import gc
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
+from conftest import sockets_in_tempdir
 
 from workbench import ipc_dir
 from workbench.knobs.parent_death import ARMED
@@ -331,7 +331,8 @@ def test_tiny_pair_runs_in_vllm(tiny_trained, one_core, capfd):
                    max_model_len=256)
     try:
         cores = [p.pid for p in psutil.Process().children() if p.name().startswith("VLLM::Eng")]
-        sockets = _ipc_sockets(cores)
+        sockets = sockets_in_tempdir({os.getpid(), *cores, *(c.pid for pid in cores for c in
+                                                            psutil.Process(pid).children(True))})
         r, toks, texts = run_batch(llm, [{"text": "import os\n"}, {"text": "def f(x):\n"}],
                                    max_tokens=8)
     finally:
@@ -346,22 +347,8 @@ def test_tiny_pair_runs_in_vllm(tiny_trained, one_core, capfd):
     assert ENV_DIE_WITH_PID not in os.environ
     # its IPC socket files went to a directory of its own (workbench/ipc_dir.py), the
     # variable only set while it was built
-    assert len(sockets) == 1 and next(iter(sockets)).name.startswith(ipc_dir.PREFIX), sockets
+    assert len(sockets) == 1 and Path(*sockets).name.startswith(ipc_dir.PREFIX), sockets
     assert os.environ.get(ipc_dir.ENV) == before
-
-
-def _ipc_sockets(cores: list[int]) -> dict[Path, set[str]]:
-    """The Unix sockets this process and the engine cores' trees bound in the temporary
-    directory (vLLM's ZMQ IPC sockets), by the directory they are in."""
-    procs = [psutil.Process()]
-    for pid in cores:
-        procs += [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    out: dict[Path, set[str]] = {}
-    for p in procs:
-        for c in p.net_connections(kind="unix"):
-            if isinstance(c.laddr, str) and c.laddr.startswith(tempfile.gettempdir() + "/"):
-                out.setdefault(Path(c.laddr).parent, set()).add(c.laddr)
-    return out
 
 
 @pytest.fixture(scope="module")
