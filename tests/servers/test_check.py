@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import paths
+from workbench import ipc_dir, paths
 from workbench.knobs import spec
 
 pytestmark = pytest.mark.vllm
@@ -56,8 +56,18 @@ def test_check_prints_the_table_and_exits_0_on_the_expected_verdicts(checked):
                      p.stdout, re.M), p.stdout
 
 
+@pytest.fixture
+def own_ipc_dir():
+    """vLLM's IPC socket files of a reproduction's servers go to a directory of the test's,
+    removed after (``VLLM_RPC_BASE_PATH``, vLLM's own variable): as written, a script keeps
+    vLLM's default, the temporary directory, where vLLM leaves them (docs/troubleshooting.md)."""
+    path = ipc_dir.make()
+    yield {ipc_dir.ENV: path}
+    ipc_dir.remove(path)
+
+
 @pytest.mark.timeout(1200)
-def test_the_report_of_a_present_finding_reproduces_without_the_workbench(checked):
+def test_the_report_of_a_present_finding_reproduces_without_the_workbench(checked, own_ipc_dir):
     out, _ = checked
     page = (out / "r" / "padded-load-step.md").read_text()
     for part in ("## Environment", "## Where in vLLM", "pad_spec_decode", "Measured:",
@@ -73,7 +83,7 @@ def test_the_report_of_a_present_finding_reproduces_without_the_workbench(checke
     # (the workbench's plugin reads the variable and installs that, no knob): as vLLM ships it,
     # idle P and D poll without pause, spin both cores, and the servers' start takes ~70 s
     # longer here. The script, its command lines and what vLLM schedules are as written.
-    env = {**os.environ, spec.ENV_NIXL_PROGRESS_DELAY_US: "1000", **FORKED}
+    env = {**os.environ, spec.ENV_NIXL_PROGRESS_DELAY_US: "1000", **FORKED, **own_ipc_dir}
     p = subprocess.run([sys.executable, str(script), "--target", str(paths.DEFAULT_TARGET),
                         "--drafter", str(paths.DEFAULT_DRAFTER)], capture_output=True,
                        text=True, timeout=1100, cwd=out / "r", env=env)
@@ -97,7 +107,8 @@ def server_logs(d: Path) -> str:
 
 
 @pytest.mark.timeout(1500)  # three servers start together on the machine's cores
-def test_the_committed_host_staged_repro_shows_the_bug_on_the_cpu_as_written(tmp_path):
+def test_the_committed_host_staged_repro_shows_the_bug_on_the_cpu_as_written(tmp_path,
+                                                                            own_ipc_dir):
     """The reproduction committed with the host-buffer finding, run as a maintainer would (its
     models found from its own location, its ports picked at start, the plugin doing host
     staging): D's tokens part from the baseline's in every request, as the record says."""
@@ -107,7 +118,7 @@ def test_the_committed_host_staged_repro_shows_the_bug_on_the_cpu_as_written(tmp
     assert run["token_agreement"] == 0.0
     p = subprocess.run([sys.executable, str(reports / "host-buffer-chunk-boundary.repro.py")],
                        capture_output=True, text=True, timeout=1400, cwd=tmp_path,
-                       env={**os.environ, **FORKED})
+                       env={**os.environ, **FORKED, **own_ipc_dir})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:] + server_logs(tmp_path)
     n = len(run["requests"])
     assert f"D's tokens differ from the baseline's in {n} of {n} requests" in p.stdout, p.stdout
