@@ -89,7 +89,8 @@ def test_stale_blocks_hurt_more_than_zeroed_when_d_loads_only_the_last_block(pd_
     position-0 acceptance (0.000), zeroed keeps it at the baseline's (0.500 vs 0.478) and the
     first difference at token 5.75 on average. The noise is seeded per block id
     (``blocks.fill_noise``), and which blocks P and D give a request depends on the order the
-    requests reach them, so poisoned's tokens are not the same run to run; zeroed's are.
+    requests reach them, so poisoned's tokens can differ run to run; zeroed's (zeros whichever
+    block it is) were the same in all three runs.
     ``dirty`` (std 1) sits between the two (0.381 and 0.406 in two runs; reference sweep: 0.485
     zeroed, 0.400 dirty, 0.001 poisoned); on 8 requests its margin over zeroed is too small to
     test reliably."""
