@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from workbench import paths
+from workbench import ipc_dir, paths
 from workbench.config import ExperimentConfig
 
 
@@ -99,6 +99,15 @@ def sockets_in_tempdir(pids: set[int]) -> dict[str, set[str]]:
                 if isinstance(c.laddr, str) and c.laddr.startswith(tempfile.gettempdir() + "/"):
                     out.setdefault(str(Path(c.laddr).parent), set()).add(c.laddr)
     return out
+
+
+def one_ipc_dir(sockets: dict) -> Path:
+    """The one directory ``sockets`` (``sockets_in_tempdir``) lie in: none elsewhere in the
+    temporary directory, and it is one of ``workbench/ipc_dir.py``'s, holding at least one."""
+    assert len(sockets) == 1, sockets
+    (where, paths), = sockets.items()
+    assert paths and Path(where).name.startswith(ipc_dir.PREFIX), sockets
+    return Path(where)
 
 
 def tree_connections(server, kind: str) -> list:

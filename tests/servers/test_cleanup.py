@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import alive, ipc_sockets, tree_pids
+from conftest import alive, ipc_sockets, one_ipc_dir, tree_pids
 
 from workbench.config import ExperimentConfig
 from workbench.experiment import Session
@@ -51,10 +51,8 @@ def test_run_that_raises_half_way_leaves_no_process_and_keeps_what_was_measured(
         time.sleep(0.5)
     assert not alive(seen), f"left running: {alive(seen)}"
     # the baseline's sockets were all in its own directory, and went with it
-    assert len(sockets) == 1, sockets  # none elsewhere in the temporary directory
-    (where, paths), = sockets.items()
-    assert paths and Path(where).name.startswith("workbench-vllm-ipc-")
-    assert not Path(where).exists(), sorted(Path(where).iterdir())
+    where = one_ipc_dir(sockets)
+    assert not where.exists(), sorted(where.iterdir())
     partial = Result.load(tmp_path / "out")
     assert partial.complete is False and "half-way" in partial.error
     measured = [r for r in partial.requests if "baseline" in r]
@@ -84,16 +82,14 @@ def test_servers_die_with_a_sigkilled_owner(tiny_pair, tmp_path):
         pids, sockets = json.loads(owner.stdout.readline())
         pids = set(pids)
         assert len(pids) >= 3 and alive(pids) == pids
-        assert len(sockets) == 1, sockets
-        (where, paths), = sockets.items()
-        assert paths and Path(where).name.startswith("workbench-vllm-ipc-")
+        where = one_ipc_dir(sockets)
         owner.send_signal(signal.SIGKILL)
         owner.wait(10)
         deadline = time.monotonic() + 40
         while alive(pids) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not alive(pids), f"orphaned: {alive(pids)}"
-        assert not Path(where).exists(), sorted(Path(where).iterdir())  # the reaper removed it
+        assert not where.exists(), sorted(where.iterdir())  # the reaper removed it
     finally:
         if owner.poll() is None:
             owner.kill()

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import sockets_in_tempdir
+from conftest import one_ipc_dir, sockets_in_tempdir
 
 from workbench import ipc_dir
 from workbench.knobs.parent_death import ARMED
@@ -347,7 +347,7 @@ def test_tiny_pair_runs_in_vllm(tiny_trained, one_core, capfd):
     assert ENV_DIE_WITH_PID not in os.environ
     # its IPC socket files went to a directory of its own (workbench/ipc_dir.py), the
     # variable only set while it was built
-    assert len(sockets) == 1 and Path(*sockets).name.startswith(ipc_dir.PREFIX), sockets
+    one_ipc_dir(sockets)
     assert os.environ.get(ipc_dir.ENV) == before
 
 
